@@ -1,0 +1,285 @@
+"""Configurations of the vaswani model families.
+
+`VaswaniConfig` holds the fields every family shares (the ways the literature varies a Transformer) and
+validates them; each family subclasses it with its own `model_type` and presets. Field names follow
+transformers' conventions so its tooling (caches, `generate`, PEFT, device maps) reads them unchanged.
+
+This module imports nothing from outside `torch`/`transformers` so it can travel with a saved model as Hub
+custom code (`trust_remote_code=True`).
+"""
+
+import copy
+from typing import Any, ClassVar
+
+from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "rope", "alibi", "relative_bias", "none")
+NORM_TYPES = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("pre", "post")
+
+
+class VaswaniConfig(PreTrainedConfig):
+    r"""Fields shared by the encoder, decoder and encoder-decoder families.
+
+    Args:
+        vocab_size: Number of token ids.
+        hidden_size: Width of the residual stream (the paper's d_model).
+        num_hidden_layers: Number of Transformer blocks.
+        num_attention_heads: Number of query heads.
+        num_key_value_heads: Number of key/value heads: equal to `num_attention_heads` for multi-head,
+            a divisor of it for grouped-query, 1 for multi-query attention. Defaults to `num_attention_heads`.
+        head_dim: Width of one head. Defaults to `hidden_size // num_attention_heads`.
+        intermediate_size: Width of the feed-forward layer (the paper's d_ff). Defaults to `4 * hidden_size`.
+        hidden_act: Activation of the feed-forward layer, any key of `transformers.activations.ACT2FN`
+            (`relu`, `gelu`, `gelu_new`, `silu`, ...).
+        gated_ffn: Use a gated feed-forward layer, `down(act(gate(x)) * up(x))`: SwiGLU with `silu`,
+            GeGLU with `gelu`.
+        position_embedding_type: One of `sinusoidal`, `learned` (added to the token embeddings), `rope`
+            (rotary, applied to queries and keys), `alibi` (linear distance bias), `relative_bias`
+            (T5's bucketed learned bias) or `none`.
+        rope_parameters: transformers' RoPE settings, e.g. `{"rope_type": "default", "rope_theta": 10000.0}`.
+            Any `rope_type` of `transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS` works.
+        max_position_embeddings: Longest sequence the model is meant for; a hard limit for `learned`
+            positions, the RoPE scaling reference otherwise.
+        relative_attention_num_buckets: Buckets of the `relative_bias` positions (T5: 32).
+        relative_attention_max_distance: Distance beyond which `relative_bias` buckets saturate (T5: 128).
+        norm_type: `layernorm` or `rmsnorm`.
+        norm_position: `pre` (normalize each sublayer's input; a final norm after the last block) or `post`
+            (normalize after each residual addition, as in the 2017 paper).
+        layer_norm_eps: Epsilon of every norm.
+        attention_bias: Biases on the q/k/v/o projections.
+        mlp_bias: Biases on the feed-forward projections.
+        attention_dropout: Dropout on attention probabilities.
+        hidden_dropout: Dropout on embeddings and on each sublayer's output before the residual addition.
+        embedding_scale: Multiply token embeddings by sqrt(hidden_size), as in the paper (section 3.4).
+        tie_word_embeddings: Share the output projection with the input embedding.
+        initializer_range: Standard deviation of the normal weight initialization.
+
+    Every invalid value or combination raises `ValueError` when the config is built.
+    """
+
+    keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    vocab_size: int = 8000
+    hidden_size: int = 256
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    intermediate_size: int | None = None
+    hidden_act: str = "gelu"
+    gated_ffn: bool = False
+    position_embedding_type: str = "rope"
+    rope_parameters: dict | None = None
+    max_position_embeddings: int = 2048
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    norm_type: str = "layernorm"
+    norm_position: str = "pre"
+    layer_norm_eps: float = 1e-5
+    attention_bias: bool = True
+    mlp_bias: bool = True
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    embedding_scale: bool = False
+    tie_word_embeddings: bool = True
+    initializer_range: float = 0.02
+    use_cache: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self, **kwargs):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None and _is_positive_int(self.num_attention_heads):
+            self._check_positive_int("hidden_size")
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(
+                    f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
+                    f"{self.num_attention_heads}: pick a head count that divides it, or set head_dim explicitly."
+                )
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.intermediate_size is None and _is_positive_int(self.hidden_size):
+            self.intermediate_size = 4 * self.hidden_size
+        super().__post_init__(**kwargs)
+        self.validate()
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Check every field and combination; raise `ValueError` naming the field, the value and what is allowed."""
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "max_position_embeddings",
+            "relative_attention_num_buckets",
+            "relative_attention_max_distance",
+        ):
+            self._check_positive_int(name)
+        self._check_choice("position_embedding_type", POSITION_EMBEDDING_TYPES)
+        self._check_choice("norm_type", NORM_TYPES)
+        self._check_choice("norm_position", NORM_POSITIONS)
+        if self.hidden_act not in ACT2FN:
+            raise ValueError(
+                f"hidden_act={self.hidden_act!r} is not a known activation; use one of "
+                f"{sorted(ACT2FN)} (transformers.activations.ACT2FN)."
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not divisible by num_key_value_heads="
+                f"{self.num_key_value_heads}: each key/value head must serve a whole group of query heads "
+                f"(use a divisor of {self.num_attention_heads}; 1 gives multi-query attention)."
+            )
+        for name in ("attention_dropout", "hidden_dropout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(f"{name}={value!r} must be a probability in [0, 1).")
+        for name in ("layer_norm_eps", "initializer_range"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
+                name == "layer_norm_eps" and value == 0
+            ):
+                raise ValueError(f"{name}={value!r} must be a {'positive' if name == 'layer_norm_eps' else 'non-negative'} number.")
+        for name in ("gated_ffn", "attention_bias", "mlp_bias", "embedding_scale", "tie_word_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False.")
+        if self.position_embedding_type == "rope":
+            self._validate_rope()
+        if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2:
+            raise ValueError(
+                f"position_embedding_type='sinusoidal' needs an even hidden_size (sine/cosine pairs), got {self.hidden_size}."
+            )
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            for token_id in value if isinstance(value, list) else [value]:
+                if token_id is not None and (
+                    isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < self.vocab_size
+                ):
+                    raise ValueError(
+                        f"{name}={value!r} must be None or a token id in [0, vocab_size={self.vocab_size})."
+                    )
+
+    def _validate_rope(self) -> None:
+        if self.head_dim % 2:
+            raise ValueError(
+                f"position_embedding_type='rope' rotates pairs of channels and needs an even head_dim, got "
+                f"head_dim={self.head_dim}; change hidden_size/num_attention_heads or set head_dim."
+            )
+        rope_type = self.rope_parameters.get("rope_type", "default")
+        if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
+            raise ValueError(
+                f"rope_parameters['rope_type']={rope_type!r} is unknown; use 'default' or one of "
+                f"{sorted(ROPE_INIT_FUNCTIONS)}."
+            )
+        theta = self.rope_parameters.get("rope_theta")
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+            raise ValueError(f"rope_parameters['rope_theta']={theta!r} must be a positive number (LLaMA: 10000).")
+
+    def _check_positive_int(self, name: str) -> None:
+        value = getattr(self, name)
+        if not _is_positive_int(value):
+            raise ValueError(f"{name}={value!r} must be a positive integer.")
+
+    def _check_choice(self, name: str, allowed: tuple[str, ...]) -> None:
+        value = getattr(self, name)
+        if value not in allowed:
+            raise ValueError(f"{name}={value!r} is not supported; use one of {', '.join(map(repr, allowed))}.")
+
+    # ------------------------------------------------------------------ presets
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> "VaswaniConfig":
+        """Build a config from a named architecture shape; `overrides` change any field.
+
+        Example:
+            >>> from vaswani import VaswaniDecoderConfig
+            >>> config = VaswaniDecoderConfig.from_preset("llama", num_hidden_layers=2)
+            >>> config.position_embedding_type, config.norm_type, config.num_hidden_layers
+            ('rope', 'rmsnorm', 2)
+        """
+        if name not in cls.presets:
+            raise ValueError(f"Unknown preset {name!r} for {cls.__name__}; available: {', '.join(sorted(cls.presets))}.")
+        return cls(**{**copy.deepcopy(cls.presets[name]), **overrides})
+
+
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+class VaswaniDecoderConfig(VaswaniConfig):
+    r"""Configuration of the decoder-only (GPT/LLaMA-like) family: `VaswaniDecoderModel`, `VaswaniForCausalLM`,
+    `VaswaniForSequenceClassification`.
+
+    Example:
+        >>> from vaswani import VaswaniDecoderConfig, VaswaniForCausalLM
+        >>> config = VaswaniDecoderConfig(vocab_size=1000, hidden_size=64, num_attention_heads=4,
+        ...                               num_key_value_heads=2, position_embedding_type="rope",
+        ...                               norm_type="rmsnorm", gated_ffn=True, hidden_act="silu")
+        >>> model = VaswaniForCausalLM(config)
+
+    Presets (`VaswaniDecoderConfig.from_preset(name, **overrides)`):
+        - `gpt2`: learned positions, pre-LN LayerNorm, GELU, multi-head attention, biases, tied embeddings.
+        - `llama`: RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases.
+        - `transformer`: the 2017 paper's decoder stack: sinusoidal positions, post-LN, ReLU, embeddings
+          scaled by sqrt(d_model), tied embeddings.
+    """
+
+    model_type = "vaswani_decoder"
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "gpt2": dict(
+            vocab_size=8000,
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            intermediate_size=1024,
+            hidden_act="gelu_new",
+            position_embedding_type="learned",
+            max_position_embeddings=1024,
+            norm_type="layernorm",
+            norm_position="pre",
+            layer_norm_eps=1e-5,
+            attention_bias=True,
+            mlp_bias=True,
+            tie_word_embeddings=True,
+        ),
+        "llama": dict(
+            vocab_size=8000,
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            intermediate_size=688,
+            hidden_act="silu",
+            gated_ffn=True,
+            position_embedding_type="rope",
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            max_position_embeddings=2048,
+            norm_type="rmsnorm",
+            norm_position="pre",
+            layer_norm_eps=1e-6,
+            attention_bias=False,
+            mlp_bias=False,
+            tie_word_embeddings=False,
+        ),
+        "transformer": dict(
+            vocab_size=8000,
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            intermediate_size=1024,
+            hidden_act="relu",
+            position_embedding_type="sinusoidal",
+            norm_type="layernorm",
+            norm_position="post",
+            embedding_scale=True,
+            hidden_dropout=0.1,
+            tie_word_embeddings=True,
+        ),
+    }

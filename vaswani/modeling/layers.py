@@ -1,0 +1,479 @@
+"""The shared Transformer blocks of every vaswani family: norms, feed-forward, positions, attention, the block.
+
+Each variant the literature uses is one small named piece chosen by the config in one place (`build_norm`,
+`build_positions`); the encoder, decoder and encoder-decoder families assemble these and nothing else.
+
+Like `configuration.py`, this module imports only `torch` and `transformers`, so it travels with a saved model
+as Hub custom code.
+"""
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .configuration import VaswaniConfig
+
+# ----------------------------------------------------------------------------------------------------- norms
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Zhang & Sennrich 2019), as in LLaMA and T5: no mean subtraction, no bias."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        # Accumulate in fp32: the mean of squares overflows/underflows in half precision.
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.eps)
+        return self.weight * hidden_states.to(input_dtype)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
+def build_norm(config: VaswaniConfig) -> nn.Module:
+    """The norm the config asks for (`norm_type`)."""
+    if config.norm_type == "rmsnorm":
+        return RMSNorm(config.hidden_size, eps=config.layer_norm_eps)
+    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+
+# ------------------------------------------------------------------------------------------------ feed-forward
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward layer: `down(act(up(x)))`, or gated `down(act(gate(x)) * up(x))` (SwiGLU, GeGLU)."""
+
+    def __init__(self, config: VaswaniConfig) -> None:
+        super().__init__()
+        self.gate_proj = (
+            nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias) if config.gated_ffn else None
+        )
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.gate_proj is None:
+            return self.down_proj(self.act_fn(self.up_proj(hidden_states)))
+        return self.down_proj(self.act_fn(self.gate_proj(hidden_states)) * self.up_proj(hidden_states))
+
+
+# --------------------------------------------------------------------------------------------------- positions
+
+
+class PositionEncoding(nn.Module):
+    """How token order enters the model. Each variant overrides exactly one of the three hooks:
+
+    - `add_to_embeddings`: absolute positions added to the token embeddings (sinusoidal, learned);
+    - `rotary`: (cos, sin) that attention applies to queries and keys (RoPE);
+    - `attention_bias`: an additive (1, heads, queries, keys) score bias (ALiBi, T5 relative bias).
+
+    The model calls all three once per forward; the base class contributes nothing (`none`).
+    """
+
+    def add_to_embeddings(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        return inputs_embeds
+
+    def rotary(self, hidden_states: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None
+
+    def attention_bias(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+
+class SinusoidalPositionEmbedding(PositionEncoding):
+    """The paper's fixed encoding (section 3.5): PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...).
+
+    Computed from the position ids on the fly, so it has no length limit and nothing to store.
+    """
+
+    def __init__(self, config: VaswaniConfig) -> None:
+        super().__init__()
+        self.hidden_size = config.hidden_size
+        self.inv_freq = nn.Buffer(self.compute_inv_freq(config.hidden_size), persistent=False)
+
+    @staticmethod
+    def compute_inv_freq(hidden_size: int) -> torch.Tensor:
+        return 1.0 / (10000.0 ** (torch.arange(0, hidden_size, 2, dtype=torch.float32) / hidden_size))
+
+    def add_to_embeddings(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        angles = position_ids[..., None].float() * self.inv_freq.to(inputs_embeds.device)
+        # Interleave so that channel 2i holds the sine and 2i+1 the cosine of the same frequency.
+        encoding = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
+        return inputs_embeds + encoding.to(inputs_embeds.dtype)
+
+
+class LearnedPositionEmbedding(PositionEncoding):
+    """A trained table of `max_position_embeddings` vectors (GPT-2, BERT, BART)."""
+
+    def __init__(self, config: VaswaniConfig) -> None:
+        super().__init__()
+        self.max_position_embeddings = config.max_position_embeddings
+        self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+
+    def add_to_embeddings(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        return inputs_embeds + self.embed_positions(position_ids)
+
+
+class VaswaniRotaryEmbedding(PositionEncoding):
+    """Rotary position embedding (Su et al. 2021) with every transformers `rope_type` (default, linear, dynamic,
+    yarn, llama3, ...). The name ends in `RotaryEmbedding` so transformers' weight init recomputes `inv_freq`."""
+
+    def __init__(self, config: VaswaniConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.max_seq_len_cached = config.max_position_embeddings
+        self.original_max_seq_len = config.max_position_embeddings
+        self.rope_type = config.rope_parameters.get("rope_type", "default")
+        rope_init_fn: Callable = (
+            self.compute_default_rope_parameters if self.rope_type == "default" else ROPE_INIT_FUNCTIONS[self.rope_type]
+        )
+        inv_freq, self.attention_scaling = rope_init_fn(config)
+        self.inv_freq = nn.Buffer(inv_freq, persistent=False)
+        self.original_inv_freq = nn.Buffer(inv_freq.clone(), persistent=False)
+
+    @staticmethod
+    def compute_default_rope_parameters(config: VaswaniConfig, *args, **kwargs) -> tuple[torch.Tensor, float]:
+        base = config.rope_parameters["rope_theta"]
+        dim = config.head_dim
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        return inv_freq, 1.0
+
+    @torch.no_grad()
+    @dynamic_rope_update
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float32)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+    def rotary(self, hidden_states: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self(hidden_states, position_ids)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(
+    query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate (batch, heads, seq, head_dim) queries and keys by (batch, seq, head_dim) cos/sin."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return query * cos + rotate_half(query) * sin, key * cos + rotate_half(key) * sin
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi's per-head slopes (Press et al. 2022): a geometric sequence from 2^(-8/n); for a head count that is
+    not a power of two, the slopes of the next power of two fill the remainder, as in the paper's code."""
+    closest_power = 2 ** math.floor(math.log2(num_heads))
+    base = 2.0 ** (-8.0 / closest_power)
+    slopes = [base ** (i + 1) for i in range(closest_power)]
+    if closest_power < num_heads:
+        extra_base = 2.0 ** (-4.0 / closest_power)
+        slopes += [extra_base ** (2 * i + 1) for i in range(num_heads - closest_power)]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class AlibiPositionBias(PositionEncoding):
+    """ALiBi: each head penalizes attention linearly in the query-key distance, `-slope * |q - k|`.
+
+    Causal models only ever see k <= q, where this is the paper's `slope * (k - q)`; bidirectional encoders use the
+    symmetric distance.
+    """
+
+    def __init__(self, config: VaswaniConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.slopes = nn.Buffer(alibi_slopes(config.num_attention_heads), persistent=False)
+
+    def attention_bias(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        distance = (query_positions[:, None] - key_positions[None, :]).abs().float()
+        return (-self.slopes.to(distance.device)[:, None, None] * distance).unsqueeze(0)
+
+
+class RelativePositionBias(PositionEncoding):
+    """T5's relative position bias: a learned scalar per head for each bucket of the key-minus-query distance.
+    Buckets are exact for small distances and logarithmic up to `relative_attention_max_distance`."""
+
+    def __init__(self, config: VaswaniConfig, bidirectional: bool) -> None:
+        super().__init__()
+        self.bidirectional = bidirectional
+        self.num_buckets = config.relative_attention_num_buckets
+        self.max_distance = config.relative_attention_max_distance
+        self.relative_attention_bias = nn.Embedding(self.num_buckets, config.num_attention_heads)
+
+    def bucket(self, relative_position: torch.Tensor) -> torch.Tensor:
+        num_buckets, buckets = self.num_buckets, torch.zeros_like(relative_position)
+        if self.bidirectional:
+            num_buckets //= 2
+            buckets += (relative_position > 0).long() * num_buckets
+            distance = relative_position.abs()
+        else:
+            distance = -torch.clamp(relative_position, max=0)
+        max_exact = num_buckets // 2
+        is_small = distance < max_exact
+        # Distances past max_exact share buckets logarithmically up to max_distance.
+        log_bucket = max_exact + (
+            torch.log(distance.float().clamp(min=1) / max_exact)
+            / math.log(self.max_distance / max_exact)
+            * (num_buckets - max_exact)
+        ).long()
+        log_bucket = torch.clamp(log_bucket, max=num_buckets - 1)
+        return buckets + torch.where(is_small, distance, log_bucket)
+
+    def attention_bias(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        relative_position = key_positions[None, :] - query_positions[:, None]
+        bias = self.relative_attention_bias(self.bucket(relative_position))  # (queries, keys, heads)
+        return bias.permute(2, 0, 1).unsqueeze(0)
+
+
+def build_positions(config: VaswaniConfig, bidirectional: bool) -> PositionEncoding:
+    """The position encoding the config asks for (`position_embedding_type`); `bidirectional` for encoders."""
+    kind = config.position_embedding_type
+    if kind == "sinusoidal":
+        return SinusoidalPositionEmbedding(config)
+    if kind == "learned":
+        return LearnedPositionEmbedding(config)
+    if kind == "rope":
+        return VaswaniRotaryEmbedding(config)
+    if kind == "alibi":
+        return AlibiPositionBias(config)
+    if kind == "relative_bias":
+        return RelativePositionBias(config, bidirectional=bidirectional)
+    return PositionEncoding()
+
+
+def bias_positions(
+    query_length: int, past_key_values: Cache | None, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Absolute indices of the queries and keys of one self-attention call, for distance-based biases.
+
+    Left padding shifts queries and keys alike, so distances (all ALiBi and relative bias need) stay right.
+    A static cache reports its full length as keys; the mask hides the slots not yet written.
+    """
+    if isinstance(past_key_values, EncoderDecoderCache):
+        past_key_values = past_key_values.self_attention_cache
+    if past_key_values is None:
+        positions = torch.arange(query_length, device=device)
+        return positions, positions
+    query_offset = past_key_values.get_query_offset(0)
+    key_length, key_offset = past_key_values.get_mask_sizes(query_length, 0)
+    query_positions = torch.arange(query_length, device=device) + query_offset
+    key_positions = torch.arange(key_length, device=device) + key_offset
+    return query_positions, key_positions
+
+
+# --------------------------------------------------------------------------------------------------- attention
+
+
+def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(batch, kv_heads, seq, dim) -> (batch, kv_heads * n_rep, seq, dim), each key/value head serving its group."""
+    batch, num_key_value_heads, length, head_dim = hidden_states.shape
+    if n_rep == 1:
+        return hidden_states
+    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, length, head_dim)
+    return hidden_states.reshape(batch, num_key_value_heads * n_rep, length, head_dim)
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    position_bias: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain softmax(q k^T * scale + bias + mask) v. Returns (batch, seq, heads, dim) output and the probabilities."""
+    key = repeat_kv(key, module.num_key_value_groups)
+    value = repeat_kv(value, module.num_key_value_groups)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if position_bias is not None:
+        scores = scores + position_bias
+    if attention_mask is not None:
+        scores = scores + attention_mask[:, :, :, : key.shape[-2]]
+    probs = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = nn.functional.dropout(probs, p=dropout, training=module.training)
+    output = torch.matmul(probs, value).transpose(1, 2).contiguous()
+    return output, probs
+
+
+# Backends that cannot add an arbitrary score bias (ALiBi, relative bias) before the softmax.
+BIAS_CAPABLE_BACKENDS = ("eager", "sdpa", "flex_attention")
+
+
+def check_backend_supports_positions(config: VaswaniConfig) -> None:
+    """Raise a clear error when the attention backend cannot apply the configured position bias."""
+    backend = config._attn_implementation
+    if config.position_embedding_type in ("alibi", "relative_bias") and backend is not None and "flash" in backend:
+        raise ValueError(
+            f"position_embedding_type={config.position_embedding_type!r} adds a bias to the attention scores, which "
+            f"attn_implementation={backend!r} cannot do. Load the model with attn_implementation='sdpa' (or 'eager', "
+            f"'flex_attention'), or use 'rope' positions with flash attention."
+        )
+
+
+class VaswaniAttention(nn.Module):
+    """Multi-head, grouped-query or multi-query attention; self-attention (causal or not) or cross-attention.
+
+    The backend is a pluggable function from transformers' attention interface (`config._attn_implementation`:
+    eager, sdpa, flex_attention, flash_attention_2, or anything registered with `AttentionInterface.register`).
+    """
+
+    def __init__(
+        self, config: VaswaniConfig, layer_idx: int, is_causal: bool, is_cross_attention: bool = False
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.is_causal = is_causal
+        self.is_cross_attention = is_cross_attention
+        self.head_dim = config.head_dim
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        query_width, key_value_width = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, query_width, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, key_value_width, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, key_value_width, bias=config.attention_bias)
+        self.o_proj = nn.Linear(query_width, config.hidden_size, bias=config.attention_bias)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        position_bias: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        key_value_states: torch.Tensor | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        input_shape = hidden_states.shape[:-1]
+        query = self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim).transpose(1, 2)
+
+        cache = past_key_values
+        if isinstance(past_key_values, EncoderDecoderCache):
+            cache = past_key_values.cross_attention_cache if self.is_cross_attention else past_key_values.self_attention_cache
+        if self.is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
+            # The encoder output does not change while decoding: its keys/values are projected once per sequence.
+            key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+        else:
+            source = key_value_states if self.is_cross_attention else hidden_states
+            source_shape = (*source.shape[:-1], -1, self.head_dim)
+            key = self.k_proj(source).view(source_shape).transpose(1, 2)
+            value = self.v_proj(source).view(source_shape).transpose(1, 2)
+            if position_embeddings is not None:
+                query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
+            if cache is not None:
+                key, value = cache.update(key, value, self.layer_idx)
+                if self.is_cross_attention:
+                    past_key_values.is_updated[self.layer_idx] = True
+
+        if position_bias is not None:
+            kwargs["position_bias"] = _match_bias_to_backend(position_bias, query.shape[0], self.config)
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        output, weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.attention_dropout if self.training else 0.0,
+            scaling=self.scaling,
+            is_causal=self.is_causal,
+            **kwargs,
+        )
+        output = self.o_proj(output.reshape(*input_shape, -1).contiguous())
+        return output, weights
+
+
+def _match_bias_to_backend(position_bias: torch.Tensor, batch_size: int, config: VaswaniConfig) -> torch.Tensor:
+    # flex_attention's score_mod indexes the bias by batch, so a batch-broadcast bias must be expanded (a view).
+    if config._attn_implementation == "flex_attention":
+        return position_bias.expand(batch_size, -1, -1, -1)
+    return position_bias
+
+
+# ------------------------------------------------------------------------------------------------------ block
+
+
+class VaswaniBlock(GradientCheckpointingLayer):
+    """One Transformer layer: self-attention, optional cross-attention, feed-forward; each a residual sublayer.
+
+    Pre-norm: x + dropout(f(norm(x))). Post-norm (the 2017 paper): norm(x + dropout(f(x))).
+    """
+
+    def __init__(self, config: VaswaniConfig, layer_idx: int, is_causal: bool, has_cross_attention: bool = False):
+        super().__init__()
+        self.pre_norm = config.norm_position == "pre"
+        self.self_attn = VaswaniAttention(config, layer_idx, is_causal=is_causal)
+        self.self_attn_norm = build_norm(config)
+        if has_cross_attention:
+            self.cross_attn = VaswaniAttention(config, layer_idx, is_causal=False, is_cross_attention=True)
+            self.cross_attn_norm = build_norm(config)
+        else:
+            self.cross_attn = self.cross_attn_norm = None
+        self.mlp = FeedForward(config)
+        self.mlp_norm = build_norm(config)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def _residual(self, hidden_states: torch.Tensor, norm: nn.Module, sublayer: Callable) -> torch.Tensor:
+        if self.pre_norm:
+            return hidden_states + self.dropout(sublayer(norm(hidden_states)))
+        return norm(hidden_states + self.dropout(sublayer(hidden_states)))
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        position_bias: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        hidden_states = self._residual(
+            hidden_states,
+            self.self_attn_norm,
+            lambda x: self.self_attn(
+                x,
+                attention_mask=attention_mask,
+                position_embeddings=position_embeddings,
+                position_bias=position_bias,
+                past_key_values=past_key_values,
+                **kwargs,
+            )[0],
+        )
+        if self.cross_attn is not None:
+            hidden_states = self._residual(
+                hidden_states,
+                self.cross_attn_norm,
+                lambda x: self.cross_attn(
+                    x,
+                    attention_mask=encoder_attention_mask,
+                    past_key_values=past_key_values,
+                    key_value_states=encoder_hidden_states,
+                    **kwargs,
+                )[0],
+            )
+        return self._residual(hidden_states, self.mlp_norm, self.mlp)
