@@ -93,6 +93,11 @@ class VaswaniConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = None
 
     def __post_init__(self, **kwargs):
+        if self.rope_parameters is not None and not isinstance(self.rope_parameters, dict):
+            raise ValueError(
+                f"rope_parameters={self.rope_parameters!r} must be None or a dict such as "
+                f"{{'rope_type': 'default', 'rope_theta': 10000.0}}."
+            )
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None and _is_positive_int(self.num_attention_heads):
@@ -127,7 +132,7 @@ class VaswaniConfig(PreTrainedConfig):
         self._check_choice("position_embedding_type", POSITION_EMBEDDING_TYPES)
         self._check_choice("norm_type", NORM_TYPES)
         self._check_choice("norm_position", NORM_POSITIONS)
-        if self.hidden_act not in ACT2FN:
+        if not isinstance(self.hidden_act, str) or self.hidden_act not in ACT2FN:
             raise ValueError(
                 f"hidden_act={self.hidden_act!r} is not a known activation; use one of "
                 f"{sorted(ACT2FN)} (transformers.activations.ACT2FN)."
@@ -153,9 +158,11 @@ class VaswaniConfig(PreTrainedConfig):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False.")
         if self.position_embedding_type == "rope":
             self._validate_rope()
+        if self.position_embedding_type == "relative_bias":
+            self._validate_relative_bias()
         if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2:
             raise ValueError(
-                f"position_embedding_type='sinusoidal' needs an even hidden_size (sine/cosine pairs), got {self.hidden_size}."
+                f"position_embedding_type='sinusoidal' needs an even hidden_size (sine/cosine pairs), got hidden_size={self.hidden_size}."
             )
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             value = getattr(self, name)
@@ -182,6 +189,30 @@ class VaswaniConfig(PreTrainedConfig):
         theta = self.rope_parameters.get("rope_theta")
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
             raise ValueError(f"rope_parameters['rope_theta']={theta!r} must be a positive number (LLaMA: 10000).")
+        try:
+            # transformers' own per-type checks (e.g. 'linear' and 'dynamic' need a 'factor'); they raise KeyError.
+            self.validate_rope()
+        except KeyError as error:
+            raise ValueError(
+                f"rope_parameters={self.rope_parameters!r} is incomplete: {error.args[0]} "
+                f"(see transformers.modeling_rope_utils for the keys each rope_type needs)."
+            ) from None
+
+    def _validate_relative_bias(self) -> None:
+        # Bucketing keeps num_buckets // 2 exact distances (a quarter when bidirectional) and spreads the rest
+        # logarithmically up to max_distance: with fewer than 4 buckets or a max_distance not beyond the exact range,
+        # the log scale divides by zero and produces out-of-range bucket ids.
+        buckets, max_distance = self.relative_attention_num_buckets, self.relative_attention_max_distance
+        if buckets < 4:
+            raise ValueError(
+                f"relative_attention_num_buckets={buckets} is too few for position_embedding_type='relative_bias'; "
+                f"use at least 4 (T5: 32)."
+            )
+        if max_distance <= buckets // 2:
+            raise ValueError(
+                f"relative_attention_max_distance={max_distance} must be greater than relative_attention_num_buckets "
+                f"// 2 = {buckets // 2}, the distances that get a bucket each (T5: 32 buckets, max distance 128)."
+            )
 
     def _check_positive_int(self, name: str) -> None:
         value = getattr(self, name)
@@ -192,6 +223,14 @@ class VaswaniConfig(PreTrainedConfig):
         value = getattr(self, name)
         if value not in allowed:
             raise ValueError(f"{name}={value!r} is not supported; use one of {', '.join(map(repr, allowed))}.")
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any):
+        # transformers applies `from_pretrained(path, **overrides)` with setattr after building the config, which
+        # would let an invalid override through: validate the result again.
+        result = super().from_dict(config_dict, **kwargs)
+        (result[0] if isinstance(result, tuple) else result).validate()
+        return result
 
     # ------------------------------------------------------------------ presets
     @classmethod
