@@ -1,0 +1,84 @@
+"""Shared helpers for the test suite: tiny configs and models that run in milliseconds on a CPU.
+
+Import them in a test module with `from conftest import tiny_decoder_config, build_causal_lm`.
+
+Every model is built from a deep copy of its config: `Model._from_config(config, attn_implementation=...)` writes
+the backend into the config object it is given, so two models built from one shared config object would silently
+share (and overwrite) each other's attention backend.
+"""
+
+import copy
+
+import torch
+
+from vaswani import VaswaniDecoderConfig, VaswaniForCausalLM
+from vaswani.modeling.configuration import POSITION_EMBEDDING_TYPES
+
+# Tiny tensors gain nothing from intra-op threads, and on a shared machine the threads' spin-waiting makes every op
+# 10-50x slower. One thread keeps the suite fast and its timings steady.
+torch.set_num_threads(1)
+
+# Large enough to exercise every code path, small enough for a shared 2-core machine.
+TINY_DECODER = dict(
+    vocab_size=64,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    # A wide init keeps logits far from uniform, so greedy decoding has no near-ties between tokens and token-for-
+    # token comparisons test something (at the default 0.02 every next token is a coin flip decided by rounding).
+    initializer_range=0.2,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+# num_key_value_heads for the 4 query heads of TINY_DECODER.
+ATTENTION_SHAPES = {"mha": 4, "gqa": 2, "mqa": 1}
+
+POSITION_TYPES = POSITION_EMBEDDING_TYPES
+
+
+def tiny_decoder_config(**overrides) -> VaswaniDecoderConfig:
+    """A tiny `VaswaniDecoderConfig`; `overrides` change any field."""
+    return VaswaniDecoderConfig(**{**TINY_DECODER, **overrides})
+
+
+def build_causal_lm(
+    config: VaswaniDecoderConfig, attn_implementation: str = "eager", seed: int = 0
+) -> VaswaniForCausalLM:
+    """A `VaswaniForCausalLM` in eval mode with seeded random weights, built from a deep copy of `config`."""
+    torch.manual_seed(seed)
+    return VaswaniForCausalLM._from_config(copy.deepcopy(config), attn_implementation=attn_implementation).eval()
+
+
+def with_attention_backend(model: VaswaniForCausalLM, attn_implementation: str) -> VaswaniForCausalLM:
+    """A twin of `model` (same config and weights) that runs `attn_implementation`."""
+    twin = type(model)._from_config(copy.deepcopy(model.config), attn_implementation=attn_implementation)
+    twin.load_state_dict(model.state_dict())
+    assert twin.config._attn_implementation == attn_implementation
+    return twin.eval()
+
+
+def random_ids(batch: int, length: int, vocab_size: int = TINY_DECODER["vocab_size"], seed: int = 0) -> torch.Tensor:
+    """Token ids that avoid the special ids 0-2, so no prompt contains padding or end-of-sequence by accident."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab_size, (batch, length), generator=generator)
+
+
+def padding_mask(lengths: list[int], total: int, side: str) -> torch.Tensor:
+    """A (batch, total) attention mask with `lengths[i]` ones per row, padded on the `left` or `right`."""
+    mask = torch.zeros(len(lengths), total, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        if side == "left":
+            mask[row, total - length :] = 1
+        else:
+            mask[row, :length] = 1
+    return mask
+
+
+def max_diff_where(mask: torch.Tensor, actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Largest absolute difference over the (batch, positions) where `mask` is 1, i.e. the real tokens."""
+    keep = mask.bool()
+    return (actual[keep] - expected[keep]).abs().max().item()

@@ -1,0 +1,132 @@
+"""Attention backends: eager, sdpa and flex_attention compute the same model, whatever the position encoding and
+padding; attention probabilities are well formed; custom backends plug in; unsupported combinations fail clearly.
+
+flex_attention compiles its kernel on first use (seconds on a CPU), so its cases are few and run without gradients
+(flex has no CPU backward).
+"""
+
+import pytest
+import torch
+from conftest import (
+    POSITION_TYPES,
+    build_causal_lm,
+    max_diff_where,
+    padding_mask,
+    random_ids,
+    tiny_decoder_config,
+    with_attention_backend,
+)
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+TOLERANCE = 1e-5
+LENGTH = 10
+
+
+def gqa_model(position_embedding_type: str, attn_implementation: str = "eager"):
+    # Grouped-query attention exercises both repeat_kv (eager) and the backends' native GQA paths.
+    config = tiny_decoder_config(position_embedding_type=position_embedding_type, num_key_value_heads=2)
+    return build_causal_lm(config, attn_implementation)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    # torch 2.13's CPU inductor can generate broken code when flex_attention recompiles for a new score_mod or shape
+    # in a process that already compiled it; start each flex case from a clean compiler state.
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("side", ["left", "right"], ids=["left_padding", "right_padding"])
+@pytest.mark.parametrize("position_embedding_type", POSITION_TYPES)
+def test_sdpa_matches_eager(position_embedding_type, side):
+    eager = gqa_model(position_embedding_type)
+    sdpa = with_attention_backend(eager, "sdpa")
+    input_ids, mask = random_ids(3, LENGTH), padding_mask([LENGTH, 7, 3], LENGTH, side)
+    with torch.no_grad():
+        expected = eager(input_ids, attention_mask=mask).logits
+        actual = sdpa(input_ids, attention_mask=mask).logits
+    assert max_diff_where(mask, actual, expected) <= TOLERANCE
+
+
+@pytest.mark.parametrize("position_embedding_type", POSITION_TYPES)
+def test_flex_attention_matches_eager(position_embedding_type, fresh_dynamo):
+    eager = gqa_model(position_embedding_type)
+    flex = with_attention_backend(eager, "flex_attention")
+    # One batch covers both paddings (one flex compile instead of two): a full, a left- and a right-padded row.
+    input_ids = random_ids(3, LENGTH)
+    mask = torch.cat([padding_mask([LENGTH, 6], LENGTH, "left"), padding_mask([4], LENGTH, "right")])
+    with torch.no_grad():
+        expected = eager(input_ids, attention_mask=mask).logits
+        actual = flex(input_ids, attention_mask=mask).logits
+    assert max_diff_where(mask, actual, expected) <= TOLERANCE
+
+
+def test_position_bias_changes_logits_far_beyond_the_parity_tolerance():
+    """Guard for the parity tests above: the bias matters enough that ignoring it would exceed the tolerance."""
+    eager = gqa_model("relative_bias")
+    without_bias = gqa_model("none")
+    without_bias.load_state_dict(eager.state_dict(), strict=False)
+    input_ids = random_ids(2, LENGTH)
+    with torch.no_grad():
+        difference = (eager(input_ids).logits - without_bias(input_ids).logits).abs().max()
+    assert difference > 1000 * TOLERANCE
+
+
+@pytest.mark.parametrize("side", ["left", "right"], ids=["left_padding", "right_padding"])
+def test_eager_attention_probabilities_are_causal_distributions_over_real_keys(side):
+    model = gqa_model("alibi")
+    input_ids, mask = random_ids(2, LENGTH), padding_mask([LENGTH, 6], LENGTH, side)
+    with torch.no_grad():
+        attentions = model(input_ids, attention_mask=mask, output_attentions=True).attentions
+    assert len(attentions) == model.config.num_hidden_layers
+    # Weight a real query must not give: future keys and padding. (A padding query that sees no real key spreads its
+    # weight anywhere; its output is never used.)
+    forbidden_keys = torch.ones(LENGTH, LENGTH).triu(1).bool() | ~mask.bool()[:, None, None, :]
+    real_queries = mask.bool()[:, None, :, None]
+    for probs in attentions:
+        assert probs.shape == (2, model.config.num_attention_heads, LENGTH, LENGTH)
+        sums = probs.sum(-1)  # (batch, heads, queries)
+        assert torch.allclose(sums, torch.ones_like(sums), atol=1e-6)
+        assert probs.masked_fill(~(forbidden_keys & real_queries), 0).abs().max() == 0
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa", "flex_attention"])
+def test_fully_masked_query_rows_give_no_nan(attn_implementation, fresh_dynamo):
+    # Under left padding the first pad position may attend to nothing: a causal mask over pad keys only.
+    model = gqa_model("alibi", attn_implementation)
+    input_ids, mask = random_ids(2, LENGTH), padding_mask([LENGTH, 4], LENGTH, "left")
+    with torch.no_grad():
+        logits = model(input_ids, attention_mask=mask).logits
+    assert torch.isfinite(logits).all()
+
+
+def test_registered_attention_function_is_called_and_matches_sdpa():
+    calls = []
+
+    def counting_sdpa(module, query, key, value, attention_mask, **kwargs):
+        calls.append(module.layer_idx)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("counting_sdpa", counting_sdpa)
+    # Without a registered mask format transformers hands custom functions no mask at all (padding ignored).
+    AttentionMaskInterface.register("counting_sdpa", sdpa_mask)
+    sdpa = gqa_model("alibi", "sdpa")
+    custom = with_attention_backend(sdpa, "counting_sdpa")
+    input_ids, mask = random_ids(2, LENGTH), padding_mask([LENGTH, 6], LENGTH, "left")
+    with torch.no_grad():
+        expected = sdpa(input_ids, attention_mask=mask).logits
+        actual = custom(input_ids, attention_mask=mask).logits
+    assert calls == list(range(sdpa.config.num_hidden_layers))
+    assert max_diff_where(mask, actual, expected) <= TOLERANCE
+
+
+@pytest.mark.parametrize("position_embedding_type", ["alibi", "relative_bias"])
+def test_flash_attention_refuses_score_bias_positions(position_embedding_type):
+    model = gqa_model(position_embedding_type)
+    # Set directly: loading with flash_attention_2 would already fail on a machine without the flash-attn package.
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match=r"position_embedding_type='(alibi|relative_bias)'.*'sdpa'"):
+        model(random_ids(1, 4))
