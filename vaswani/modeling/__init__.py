@@ -1,14 +1,36 @@
 """Configurations, shared layers and one module per model family."""
 
-from .configuration import VaswaniConfig, VaswaniDecoderConfig
-from .decoder import VaswaniDecoderModel, VaswaniForCausalLM, VaswaniForSequenceClassification
+from .configuration import VaswaniConfig, VaswaniDecoderConfig, VaswaniEncoderConfig, VaswaniSeq2SeqConfig
+from .decoder import VaswaniDecoderModel, VaswaniForCausalLM
+from .encoder import (
+    VaswaniEncoderModel,
+    VaswaniForMaskedLM,
+    VaswaniForQuestionAnswering,
+    VaswaniForTokenClassification,
+)
+from .heads import (
+    VaswaniDecoderForSequenceClassification,
+    VaswaniEncoderForSequenceClassification,
+    VaswaniForSequenceClassification,
+)
 from .pretrained import VaswaniPreTrainedModel
+from .seq2seq import VaswaniForConditionalGeneration, VaswaniSeq2SeqModel
 
 __all__ = [
     "VaswaniConfig",
     "VaswaniDecoderConfig",
+    "VaswaniDecoderForSequenceClassification",
     "VaswaniDecoderModel",
+    "VaswaniEncoderForSequenceClassification",
+    "VaswaniEncoderConfig",
+    "VaswaniEncoderModel",
     "VaswaniForCausalLM",
+    "VaswaniForConditionalGeneration",
+    "VaswaniForMaskedLM",
+    "VaswaniForQuestionAnswering",
     "VaswaniForSequenceClassification",
+    "VaswaniForTokenClassification",
     "VaswaniPreTrainedModel",
+    "VaswaniSeq2SeqConfig",
+    "VaswaniSeq2SeqModel",
 ]

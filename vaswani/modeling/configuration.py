@@ -18,6 +18,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "rope", "alibi", "relative_bias", "none")
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
+CLASSIFIER_POOLINGS = ("cls", "mean", "last")
 
 
 class VaswaniConfig(PreTrainedConfig):
@@ -56,6 +57,16 @@ class VaswaniConfig(PreTrainedConfig):
         embedding_scale: Multiply token embeddings by sqrt(hidden_size), as in the paper (section 3.4).
         tie_word_embeddings: Share the output projection with the input embedding.
         initializer_range: Standard deviation of the normal weight initialization.
+        type_vocab_size: Number of segment (token type) embeddings added to the token embeddings (BERT: 2; 0: none).
+        embedding_norm: Normalize the summed embeddings before the first block (BERT, BART).
+        position_offset: Offset of `learned` position ids into their table, which gets this many extra rows
+            (BART: 2).
+        attention_scale: Multiplier of the attention scores; `None` gives the paper's 1/sqrt(head_dim)
+            (T5 folds it into the weights and uses 1.0).
+        classifier_pooling: How sequence classifiers pool the hidden states: `cls` (first token), `mean`
+            (over real tokens) or `last` (last real token). `None` picks the family's default: `last` for
+            decoders, `cls` for encoders.
+        classifier_dropout: Dropout before classification heads; `None` uses `hidden_dropout`.
 
     Every invalid value or combination raises `ValueError` when the config is built.
     """
@@ -87,6 +98,12 @@ class VaswaniConfig(PreTrainedConfig):
     embedding_scale: bool = False
     tie_word_embeddings: bool = True
     initializer_range: float = 0.02
+    type_vocab_size: int = 0
+    embedding_norm: bool = False
+    position_offset: int = 0
+    attention_scale: float | None = None
+    classifier_pooling: str | None = None
+    classifier_dropout: float | None = None
     use_cache: bool = True
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -143,8 +160,24 @@ class VaswaniConfig(PreTrainedConfig):
                 f"{self.num_key_value_heads}: each key/value head must serve a whole group of query heads "
                 f"(use a divisor of {self.num_attention_heads}; 1 gives multi-query attention)."
             )
-        for name in ("attention_dropout", "hidden_dropout"):
+        for name in ("type_vocab_size", "position_offset"):
             value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r} must be a non-negative integer.")
+        if self.classifier_pooling is not None:
+            self._check_choice("classifier_pooling", CLASSIFIER_POOLINGS)
+        if self.attention_scale is not None and (
+            isinstance(self.attention_scale, bool)
+            or not isinstance(self.attention_scale, (int, float))
+            or self.attention_scale <= 0
+        ):
+            raise ValueError(
+                f"attention_scale={self.attention_scale!r} must be None (1/sqrt(head_dim)) or a positive number."
+            )
+        for name in ("attention_dropout", "hidden_dropout", "classifier_dropout"):
+            value = getattr(self, name)
+            if name == "classifier_dropout" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ValueError(f"{name}={value!r} must be a probability in [0, 1).")
         for name in ("layer_norm_eps", "initializer_range"):
@@ -153,7 +186,7 @@ class VaswaniConfig(PreTrainedConfig):
                 name == "layer_norm_eps" and value == 0
             ):
                 raise ValueError(f"{name}={value!r} must be a {'positive' if name == 'layer_norm_eps' else 'non-negative'} number.")
-        for name in ("gated_ffn", "attention_bias", "mlp_bias", "embedding_scale", "tie_word_embeddings"):
+        for name in ("gated_ffn", "attention_bias", "mlp_bias", "embedding_scale", "tie_word_embeddings", "embedding_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False.")
         if self.position_embedding_type == "rope":
@@ -228,6 +261,9 @@ class VaswaniConfig(PreTrainedConfig):
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any):
         # transformers applies `from_pretrained(path, **overrides)` with setattr after building the config, which
         # would let an invalid override through: validate the result again.
+        if cls is VaswaniConfig and config_dict.get("model_type") in CONFIG_CLASSES:
+            # The base class loads any family's config as that family's class (heads shared by families use it).
+            return CONFIG_CLASSES[config_dict["model_type"]].from_dict(config_dict, **kwargs)
         result = super().from_dict(config_dict, **kwargs)
         (result[0] if isinstance(result, tuple) else result).validate()
         return result
@@ -322,3 +358,222 @@ class VaswaniDecoderConfig(VaswaniConfig):
             tie_word_embeddings=True,
         ),
     }
+
+
+class VaswaniEncoderConfig(VaswaniConfig):
+    r"""Configuration of the encoder-only (BERT-like) family: `VaswaniEncoderModel`, `VaswaniForMaskedLM`,
+    `VaswaniForSequenceClassification`, `VaswaniForTokenClassification`, `VaswaniForQuestionAnswering`.
+
+    Args (beyond `VaswaniConfig`):
+        add_pooler: Give `VaswaniEncoderModel` BERT's pooler (dense + tanh over the pooled vector), which
+            sequence classifiers then use.
+
+    Example:
+        >>> from vaswani import VaswaniEncoderConfig
+        >>> config = VaswaniEncoderConfig.from_preset("bert", num_hidden_layers=2, classifier_pooling="mean")
+
+    Presets: `bert` (learned positions, segment embeddings, embedding LayerNorm, post-LN, GELU, pooler).
+    """
+
+    model_type = "vaswani_encoder"
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "bert": dict(
+            vocab_size=8000,
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            intermediate_size=1024,
+            hidden_act="gelu",
+            position_embedding_type="learned",
+            max_position_embeddings=512,
+            type_vocab_size=2,
+            embedding_norm=True,
+            norm_type="layernorm",
+            norm_position="post",
+            layer_norm_eps=1e-12,
+            hidden_dropout=0.1,
+            attention_dropout=0.1,
+            add_pooler=True,
+            classifier_pooling="cls",
+            tie_word_embeddings=True,
+        ),
+    }
+
+    add_pooler: bool = False
+    position_embedding_type: str = "learned"
+    max_position_embeddings: int = 512
+
+
+class VaswaniSeq2SeqConfig(VaswaniConfig):
+    r"""Configuration of the encoder-decoder family: `VaswaniSeq2SeqModel`, `VaswaniForConditionalGeneration`.
+
+    Args (beyond `VaswaniConfig`):
+        encoder_layers: Encoder depth (defaults to `num_hidden_layers`).
+        decoder_layers: Decoder depth (defaults to `num_hidden_layers`, which then follows the decoder, as
+            transformers' caches expect).
+        encoder_attention_heads, decoder_attention_heads: Per-side head counts (default `num_attention_heads`;
+            key/value heads then follow the head count).
+        encoder_intermediate_size, decoder_intermediate_size: Per-side feed-forward widths (default
+            `intermediate_size`).
+        decoder_start_token_id: The first decoder input; labels are shifted right behind it.
+        share_encoder_decoder_embeddings: One token embedding for encoder and decoder inputs (the paper, T5, BART).
+        tie_word_embeddings: The output projection shares the decoder input embedding.
+        scale_decoder_output: Multiply the final decoder states by hidden_size ** -0.5 before the LM head
+            (T5 with tied embeddings).
+        lm_head_bias: A bias on the output projection (BART's `final_logits_bias`).
+
+    Example:
+        >>> from vaswani import VaswaniSeq2SeqConfig
+        >>> config = VaswaniSeq2SeqConfig.from_preset("transformer-base", vocab_size=37000)
+
+    Presets: `transformer-base` and `transformer-big` (the 2017 paper, table 3), `t5` (relative position bias,
+    RMSNorm pre-norm, no biases; `hidden_act="gelu_new", gated_ffn=True` for T5 v1.1's gated GELU) and `bart`
+    (learned positions, embedding LayerNorm, post-LN, GELU).
+    """
+
+    model_type = "vaswani_seq2seq"
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "transformer-base": dict(
+            vocab_size=37000,
+            hidden_size=512,
+            num_hidden_layers=6,
+            num_attention_heads=8,
+            intermediate_size=2048,
+            hidden_act="relu",
+            position_embedding_type="sinusoidal",
+            norm_type="layernorm",
+            norm_position="post",
+            hidden_dropout=0.1,
+            embedding_scale=True,
+            share_encoder_decoder_embeddings=True,
+            tie_word_embeddings=True,
+        ),
+        "transformer-big": dict(
+            vocab_size=37000,
+            hidden_size=1024,
+            num_hidden_layers=6,
+            num_attention_heads=16,
+            intermediate_size=4096,
+            hidden_act="relu",
+            position_embedding_type="sinusoidal",
+            norm_type="layernorm",
+            norm_position="post",
+            hidden_dropout=0.3,
+            embedding_scale=True,
+            share_encoder_decoder_embeddings=True,
+            tie_word_embeddings=True,
+        ),
+        "t5": dict(
+            vocab_size=8000,
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            intermediate_size=1024,
+            hidden_act="relu",
+            position_embedding_type="relative_bias",
+            relative_attention_num_buckets=32,
+            relative_attention_max_distance=128,
+            norm_type="rmsnorm",
+            norm_position="pre",
+            layer_norm_eps=1e-6,
+            attention_bias=False,
+            mlp_bias=False,
+            attention_scale=1.0,
+            hidden_dropout=0.1,
+            share_encoder_decoder_embeddings=True,
+            tie_word_embeddings=True,
+            scale_decoder_output=True,
+            pad_token_id=0,
+            eos_token_id=1,
+            decoder_start_token_id=0,
+        ),
+        "bart": dict(
+            vocab_size=8000,
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            intermediate_size=1024,
+            hidden_act="gelu",
+            position_embedding_type="learned",
+            max_position_embeddings=1024,
+            position_offset=2,
+            embedding_norm=True,
+            norm_type="layernorm",
+            norm_position="post",
+            hidden_dropout=0.1,
+            share_encoder_decoder_embeddings=True,
+            tie_word_embeddings=True,
+            lm_head_bias=True,
+            bos_token_id=0,
+            pad_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=2,
+        ),
+    }
+
+    is_encoder_decoder: bool = True
+    position_embedding_type: str = "sinusoidal"
+    encoder_layers: int | None = None
+    decoder_layers: int | None = None
+    encoder_attention_heads: int | None = None
+    decoder_attention_heads: int | None = None
+    encoder_intermediate_size: int | None = None
+    decoder_intermediate_size: int | None = None
+    decoder_start_token_id: int | None = None
+    share_encoder_decoder_embeddings: bool = True
+    scale_decoder_output: bool = False
+    lm_head_bias: bool = False
+
+    def __post_init__(self, **kwargs):
+        self.encoder_layers = self.encoder_layers or self.num_hidden_layers
+        # transformers sizes decoder caches from `num_hidden_layers`: it is the decoder's depth.
+        self.num_hidden_layers = self.decoder_layers = self.decoder_layers or self.num_hidden_layers
+        super().__post_init__(**kwargs)
+
+    def validate(self) -> None:
+        super().validate()
+        for name in ("encoder_layers", "decoder_layers"):
+            self._check_positive_int(name)
+        for side in ("encoder", "decoder"):
+            heads = getattr(self, f"{side}_attention_heads")
+            if heads is not None and (not _is_positive_int(heads) or self.hidden_size % heads):
+                raise ValueError(
+                    f"{side}_attention_heads={heads!r} must be a positive integer dividing hidden_size={self.hidden_size}."
+                )
+            width = getattr(self, f"{side}_intermediate_size")
+            if width is not None and not _is_positive_int(width):
+                raise ValueError(f"{side}_intermediate_size={width!r} must be a positive integer.")
+        if self.decoder_start_token_id is not None and not (
+            isinstance(self.decoder_start_token_id, int) and 0 <= self.decoder_start_token_id < self.vocab_size
+        ):
+            raise ValueError(
+                f"decoder_start_token_id={self.decoder_start_token_id!r} must be None or a token id in "
+                f"[0, vocab_size={self.vocab_size})."
+            )
+        for name in ("share_encoder_decoder_embeddings", "scale_decoder_output", "lm_head_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False.")
+
+    def stack_config(self, side: str) -> VaswaniConfig:
+        """The config one side's stack is built from: this one with that side's depth, heads and FFN width.
+
+        A shallow copy, so the attention backend chosen at load time carries over.
+        """
+        config = copy.copy(self)
+        config.num_hidden_layers = getattr(self, f"{side}_layers")
+        heads = getattr(self, f"{side}_attention_heads")
+        if heads is not None and heads != self.num_attention_heads:
+            config.num_attention_heads = config.num_key_value_heads = heads
+            config.head_dim = self.hidden_size // heads
+        width = getattr(self, f"{side}_intermediate_size")
+        if width is not None:
+            config.intermediate_size = width
+        # Cross-attention blocks exist on the decoder side only.
+        config.is_encoder_decoder = side == "decoder"
+        return config
+
+
+CONFIG_CLASSES: dict[str, type[VaswaniConfig]] = {
+    config_class.model_type: config_class
+    for config_class in (VaswaniDecoderConfig, VaswaniEncoderConfig, VaswaniSeq2SeqConfig)
+}

@@ -12,14 +12,10 @@ Example:
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache, DynamicCache
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import create_causal_mask
-from transformers.modeling_outputs import (
-    BaseModelOutputWithPast,
-    CausalLMOutputWithPast,
-    SequenceClassifierOutputWithPast,
-)
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, CausalLMOutputWithPast
 from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import can_return_tuple
 from transformers.utils.generic import merge_with_config_defaults
@@ -30,18 +26,20 @@ from .pretrained import (
     VaswaniPreTrainedModel,
     VaswaniStack,
     check_inputs,
-    check_positions_in_range,
+    check_positions,
     default_position_ids,
 )
 
 
 class VaswaniDecoderModel(VaswaniStack):
-    """The bare causal Transformer: token ids in, final hidden states (`BaseModelOutputWithPast`) out."""
+    """The bare causal Transformer: token ids in, final hidden states out. With `config.is_encoder_decoder` (the
+    decoder side of `VaswaniSeq2SeqModel`) its blocks also cross-attend to `encoder_hidden_states`."""
 
     config_class = VaswaniDecoderConfig
 
     def __init__(self, config: VaswaniDecoderConfig) -> None:
-        super().__init__(config, is_causal=True)
+        super().__init__(config, is_causal=True, has_cross_attention=config.is_encoder_decoder)
+        self.post_init()
 
     @merge_with_config_defaults
     @capture_outputs
@@ -52,36 +50,57 @@ class VaswaniDecoderModel(VaswaniStack):
         position_ids: torch.LongTensor | None = None,
         past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
         use_cache: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPast:
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
         r"""
         Args:
             input_ids: (batch, tokens) token ids; or pass `inputs_embeds` (batch, tokens, hidden_size) instead.
             attention_mask: (batch, cached + new tokens) with 1 for tokens to attend to and 0 for padding.
             position_ids: (batch, tokens) positions; by default they continue after the cached tokens.
-            past_key_values: a transformers `Cache` (`DynamicCache`, `StaticCache`) of earlier keys/values.
-            use_cache: return a cache for the next call (a new `DynamicCache` if none was given).
+            past_key_values: a transformers `Cache` (`DynamicCache`, `StaticCache`; `EncoderDecoderCache` for the
+                decoder of an encoder-decoder) of earlier keys/values.
+            encoder_hidden_states, encoder_attention_mask: the encoder output and its padding mask, for
+                cross-attention (encoder-decoder only).
+            use_cache: return a cache for the next call (a new one if none was given).
         """
         check_inputs(self.config, input_ids, inputs_embeds, attention_mask, past_key_values)
+        if self.config.is_encoder_decoder and encoder_hidden_states is None:
+            raise ValueError("The decoder of an encoder-decoder model needs encoder_hidden_states to cross-attend to.")
         if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-        device = (input_ids if input_ids is not None else inputs_embeds).device
+            past_key_values = (
+                EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+                if self.config.is_encoder_decoder
+                else DynamicCache(config=self.config)
+            )
+        self_attention_cache = (
+            past_key_values.self_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else past_key_values
+        )
+        reference = input_ids if input_ids is not None else inputs_embeds
         if position_ids is None:
-            position_ids = default_position_ids(length, past_key_values, device)
-        check_positions_in_range(self.config, position_ids)
+            position_ids = default_position_ids(reference.shape[1], self_attention_cache, reference.device)
+        check_positions(self.config, position_ids, *reference.shape[:2])
 
         hidden_states = self.embed(input_ids, inputs_embeds, position_ids)
         causal_mask = create_causal_mask(
             config=self.config,
             inputs_embeds=hidden_states,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            past_key_values=self_attention_cache,
             position_ids=position_ids,
         )
+        if encoder_hidden_states is not None:
+            kwargs["encoder_hidden_states"] = encoder_hidden_states
+            kwargs["encoder_attention_mask"] = create_bidirectional_mask(
+                config=self.config,
+                inputs_embeds=hidden_states,
+                attention_mask=encoder_attention_mask,
+                encoder_hidden_states=encoder_hidden_states,
+            )
         hidden_states = self.run_blocks(hidden_states, causal_mask, position_ids, past_key_values, **kwargs)
-        return BaseModelOutputWithPast(last_hidden_state=hidden_states, past_key_values=past_key_values)
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, past_key_values=past_key_values)
 
 
 class VaswaniForCausalLM(VaswaniPreTrainedModel, GenerationMixin):
@@ -125,7 +144,7 @@ class VaswaniForCausalLM(VaswaniPreTrainedModel, GenerationMixin):
             logits_to_keep: compute logits for only the last `n` positions (0 keeps all); `generate` uses 1.
             Other arguments as in `VaswaniDecoderModel.forward`.
         """
-        outputs: BaseModelOutputWithPast = self.model(
+        outputs: BaseModelOutputWithPastAndCrossAttentions = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
@@ -148,77 +167,12 @@ class VaswaniForCausalLM(VaswaniPreTrainedModel, GenerationMixin):
         )
 
 
-class VaswaniForSequenceClassification(VaswaniPreTrainedModel):
-    """Sequence classifier on the last real token of each sequence (left or right padding alike).
-
-    The last real token is read from `attention_mask` when given, else from `pad_token_id`.
-    """
-
-    config_class = VaswaniDecoderConfig
-
-    def __init__(self, config: VaswaniDecoderConfig) -> None:
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.model = VaswaniDecoderModel(config)
-        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
-        self.post_init()
-
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        **kwargs,
-    ) -> SequenceClassifierOutputWithPast:
-        r"""
-        Args:
-            labels: (batch,) class ids (cross-entropy), or floats for regression (`num_labels=1`) and
-                (batch, num_labels) multi-hot floats for multi-label classification.
-        """
-        outputs: BaseModelOutputWithPast = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            **kwargs,
-        )
-        logits = self.score(outputs.last_hidden_state)
-        batch_size, length = logits.shape[:2]
-        positions = torch.arange(length, device=logits.device)
-        if attention_mask is not None and attention_mask.dim() == 2:
-            # The rightmost attended position: right padding ends there, left padding ends at the last column.
-            last_token = (positions * attention_mask[:, -length:].to(logits.device, torch.long)).argmax(-1)
-        elif input_ids is not None and self.config.pad_token_id is not None:
-            last_token = (positions * (input_ids != self.config.pad_token_id).to(logits.device, torch.long)).argmax(-1)
-        else:
-            last_token = torch.full((batch_size,), length - 1, device=logits.device)
-        pooled_logits = logits[torch.arange(batch_size, device=logits.device), last_token]
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config)
-        return SequenceClassifierOutputWithPast(
-            loss=loss,
-            logits=pooled_logits,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-
-
 for _auto_class, _model_class in (
     ("AutoModel", VaswaniDecoderModel),
     ("AutoModelForCausalLM", VaswaniForCausalLM),
-    ("AutoModelForSequenceClassification", VaswaniForSequenceClassification),
 ):
     # Saved folders carry this code and an `auto_map`, so they load with trust_remote_code=True anywhere.
     _model_class.register_for_auto_class(_auto_class)
 VaswaniDecoderConfig.register_for_auto_class()
 
-__all__ = ["VaswaniDecoderModel", "VaswaniForCausalLM", "VaswaniForSequenceClassification"]
+__all__ = ["VaswaniDecoderModel", "VaswaniForCausalLM"]

@@ -117,15 +117,16 @@ class SinusoidalPositionEmbedding(PositionEncoding):
 
 
 class LearnedPositionEmbedding(PositionEncoding):
-    """A trained table of `max_position_embeddings` vectors (GPT-2, BERT, BART)."""
+    """A trained table of `max_position_embeddings` vectors (GPT-2, BERT, BART). BART reads it at
+    `position + position_offset` (its table has 2 extra rows), so its checkpoints map unchanged."""
 
     def __init__(self, config: VaswaniConfig) -> None:
         super().__init__()
-        self.max_position_embeddings = config.max_position_embeddings
-        self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.offset = config.position_offset
+        self.embed_positions = nn.Embedding(config.max_position_embeddings + self.offset, config.hidden_size)
 
     def add_to_embeddings(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        return inputs_embeds + self.embed_positions(position_ids)
+        return inputs_embeds + self.embed_positions(position_ids + self.offset if self.offset else position_ids)
 
 
 class VaswaniRotaryEmbedding(PositionEncoding):
@@ -347,7 +348,7 @@ class VaswaniAttention(nn.Module):
         self.is_cross_attention = is_cross_attention
         self.head_dim = config.head_dim
         self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
-        self.scaling = self.head_dim**-0.5
+        self.scaling = config.attention_scale if config.attention_scale is not None else self.head_dim**-0.5
         self.attention_dropout = config.attention_dropout
         query_width, key_value_width = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, query_width, bias=config.attention_bias)

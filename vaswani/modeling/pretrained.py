@@ -9,6 +9,7 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.utils.import_utils import is_torchdynamo_compiling
+from transformers.utils.output_capturing import OutputRecorder
 
 from .configuration import VaswaniConfig
 from .layers import (
@@ -37,7 +38,11 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _can_compile_fullgraph = True
     _supports_attention_backend = True
-    _can_record_outputs = {"hidden_states": VaswaniBlock, "attentions": VaswaniAttention}
+    _can_record_outputs = {
+        "hidden_states": VaswaniBlock,
+        "attentions": OutputRecorder(VaswaniAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(VaswaniAttention, index=1, layer_name="cross_attn"),
+    }
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -53,14 +58,18 @@ class VaswaniStack(VaswaniPreTrainedModel):
     """Token embeddings, position encoding, the blocks and (pre-norm only) a final norm.
 
     The decoder family is a causal stack, the encoder family a bidirectional one; an encoder-decoder pairs a
-    bidirectional stack with a causal stack whose blocks also cross-attend.
+    bidirectional stack with a causal stack whose blocks also cross-attend. Subclasses call `post_init()`.
     """
 
     def __init__(self, config: VaswaniConfig, is_causal: bool, has_cross_attention: bool = False) -> None:
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
         self.embed_scale = math.sqrt(config.hidden_size) if config.embedding_scale else 1.0
+        self.token_type_embeddings = (
+            nn.Embedding(config.type_vocab_size, config.hidden_size) if config.type_vocab_size else None
+        )
         self.positions = build_positions(config, bidirectional=not is_causal)
+        self.embed_norm = build_norm(config) if config.embedding_norm else nn.Identity()
         self.embed_dropout = nn.Dropout(config.hidden_dropout)
         self.layers = nn.ModuleList(
             VaswaniBlock(config, layer_idx, is_causal=is_causal, has_cross_attention=has_cross_attention)
@@ -69,7 +78,6 @@ class VaswaniStack(VaswaniPreTrainedModel):
         # Post-norm blocks already end in a norm; pre-norm stacks need one after the last residual addition.
         self.norm = build_norm(config) if config.norm_position == "pre" else nn.Identity()
         self.gradient_checkpointing = False
-        self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
@@ -78,14 +86,25 @@ class VaswaniStack(VaswaniPreTrainedModel):
         self.embed_tokens = value
 
     def embed(
-        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, position_ids: torch.Tensor
+        self,
+        input_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The residual stream's first value: (scaled) token embeddings plus absolute positions, with dropout."""
+        """The residual stream's first value: (scaled) token embeddings plus segment and absolute position
+        embeddings, normalized if configured, with dropout."""
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         if self.embed_scale != 1.0:
             inputs_embeds = inputs_embeds * self.embed_scale
-        return self.embed_dropout(self.positions.add_to_embeddings(inputs_embeds, position_ids))
+        if self.token_type_embeddings is not None:
+            if token_type_ids is None:  # one segment: BERT's default of all zeros
+                inputs_embeds = inputs_embeds + self.token_type_embeddings.weight[0]
+            else:
+                inputs_embeds = inputs_embeds + self.token_type_embeddings(token_type_ids)
+        hidden_states = self.positions.add_to_embeddings(inputs_embeds, position_ids)
+        return self.embed_dropout(self.embed_norm(hidden_states))
 
     def run_blocks(
         self,
@@ -154,8 +173,15 @@ def check_inputs(
         )
 
 
-def check_positions_in_range(config: VaswaniConfig, position_ids: torch.Tensor) -> None:
-    """Learned position tables have a hard length limit: say so instead of failing inside the embedding lookup."""
+def check_positions(config: VaswaniConfig, position_ids: torch.Tensor, batch: int, length: int) -> None:
+    """Position ids must match the input, and learned position tables have a hard length limit: say so instead of
+    failing inside the embedding lookup. (`generate` derives position ids from the attention mask, so a mask of the
+    wrong length surfaces here.)"""
+    if position_ids.dim() != 2 or position_ids.shape[0] not in (1, batch) or position_ids.shape[1] != length:
+        raise ValueError(
+            f"position_ids have shape {tuple(position_ids.shape)} but the input is (batch={batch}, tokens={length}); "
+            f"if they came from generate(), check that attention_mask has one entry per input token."
+        )
     if config.position_embedding_type != "learned" or is_torchdynamo_compiling() or not position_ids.numel():
         return
     needed = int(position_ids.max()) + 1
@@ -165,3 +191,48 @@ def check_positions_in_range(config: VaswaniConfig, position_ids: torch.Tensor) 
             f"max_position_embeddings={config.max_position_embeddings}. Shorten the input (truncate it, or lower "
             f"max_new_tokens), or train a model with a larger max_position_embeddings."
         )
+
+
+def pool_hidden_states(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
+    """One vector per sequence: the first token (`cls`), the mean over real tokens (`mean`), or the last real token
+    (`last`, right or left padding alike)."""
+    if pooling == "cls":
+        return hidden_states[:, 0]
+    if attention_mask is None:
+        return hidden_states.mean(dim=1) if pooling == "mean" else hidden_states[:, -1]
+    mask = attention_mask[:, -hidden_states.shape[1] :].to(hidden_states.device)
+    if pooling == "mean":
+        weights = mask.to(hidden_states.dtype).unsqueeze(-1)
+        return (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+    positions = torch.arange(hidden_states.shape[1], device=hidden_states.device)
+    last = (positions * mask.long()).argmax(-1)
+    return hidden_states[torch.arange(hidden_states.shape[0], device=hidden_states.device), last]
+
+
+def check_labels(labels: torch.Tensor, expected_shape: tuple, description: str, integer: bool) -> None:
+    """Labels of the wrong shape or dtype fail here with what was expected, not inside the loss."""
+    shape_ok = labels.dim() == len(expected_shape) and all(
+        want is None or have == want for have, want in zip(labels.shape, expected_shape)
+    )
+    dtype_ok = not labels.is_floating_point() and labels.dtype != torch.bool if integer else True
+    if not (shape_ok and dtype_ok):
+        expected = tuple("*" if want is None else int(want) for want in expected_shape)
+        raise ValueError(
+            f"labels must be {description}: expected shape {expected} and an integer dtype, got shape "
+            f"{tuple(labels.shape)} and dtype {labels.dtype}."
+        )
+
+
+def check_classification_labels(config: VaswaniConfig, labels: torch.Tensor, batch: int) -> None:
+    """Sequence-classification labels: class ids (batch,), regression targets, or multi-label (batch, num_labels)."""
+    if config.problem_type == "multi_label_classification" or (labels.dim() == 2 and labels.is_floating_point()):
+        if tuple(labels.shape) != (batch, config.num_labels):
+            raise ValueError(
+                f"multi-label labels must have shape (batch={batch}, num_labels={config.num_labels}), got "
+                f"{tuple(labels.shape)}."
+            )
+    elif config.num_labels == 1 or config.problem_type == "regression":
+        if labels.shape[0] != batch or labels.numel() != batch * config.num_labels:
+            raise ValueError(f"regression labels must have shape ({batch},), got {tuple(labels.shape)}.")
+    else:
+        check_labels(labels, (batch,), f"class ids in [0, {config.num_labels}) of shape (batch,)", integer=True)
