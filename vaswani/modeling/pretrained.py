@@ -2,8 +2,10 @@
 `VaswaniStack`, the embeddings + blocks + final norm that the encoder and decoder stacks both are."""
 
 import math
+from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
@@ -44,6 +46,20 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         "cross_attentions": OutputRecorder(VaswaniAttention, index=1, layer_name="cross_attn"),
     }
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """transformers' `from_pretrained`, except that an unreadable weights file is named in the error."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except SafetensorError as error:
+            folder = Path(str(pretrained_model_name_or_path))
+            broken = [path.name for path in sorted(folder.glob("*.safetensors")) if not _is_readable_safetensors(path)]
+            where = f"{', '.join(broken)} in {folder}" if broken else f"a weights file of {pretrained_model_name_or_path}"
+            raise OSError(
+                f"Cannot read {where}: the safetensors file is corrupt or truncated ({error}). Save or download "
+                f"the model again."
+            ) from error
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
@@ -52,6 +68,15 @@ class VaswaniPreTrainedModel(PreTrainedModel):
             init.copy_(module.inv_freq, module.compute_inv_freq(module.hidden_size))
         elif isinstance(module, AlibiPositionBias):
             init.copy_(module.slopes, alibi_slopes(module.num_heads))
+
+
+def _is_readable_safetensors(path: Path) -> bool:
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            handle.keys()
+        return True
+    except Exception:
+        return False
 
 
 class VaswaniStack(VaswaniPreTrainedModel):
