@@ -79,7 +79,7 @@ class PositionEncoding(nn.Module):
 
     - `add_to_embeddings`: absolute positions added to the token embeddings (sinusoidal, learned);
     - `rotary`: (cos, sin) that attention applies to queries and keys (RoPE);
-    - `attention_bias`: an additive (1, heads, queries, keys) score bias (ALiBi, T5 relative bias).
+    - `score_bias`: an additive (1, heads, queries, keys) attention-score bias (ALiBi, T5 relative bias).
 
     The model calls all three once per forward; the base class contributes nothing (`none`).
     """
@@ -90,8 +90,18 @@ class PositionEncoding(nn.Module):
     def rotary(self, hidden_states: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         return None
 
-    def attention_bias(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor | None:
+    def score_bias(self, query_length: int, past_key_values: Cache | None, device: torch.device) -> torch.Tensor | None:
         return None
+
+
+class DistanceBias(PositionEncoding):
+    """Variants whose score bias depends on query and key positions only through their distance."""
+
+    def score_bias(self, query_length: int, past_key_values: Cache | None, device: torch.device) -> torch.Tensor:
+        return self.bias(*bias_positions(query_length, past_key_values, device))
+
+    def bias(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
 
 class SinusoidalPositionEmbedding(PositionEncoding):
@@ -190,7 +200,7 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
-class AlibiPositionBias(PositionEncoding):
+class AlibiPositionBias(DistanceBias):
     """ALiBi: each head penalizes attention linearly in the query-key distance, `-slope * |q - k|`.
 
     Causal models only ever see k <= q, where this is the paper's `slope * (k - q)`; bidirectional encoders use the
@@ -202,12 +212,12 @@ class AlibiPositionBias(PositionEncoding):
         self.num_heads = config.num_attention_heads
         self.slopes = nn.Buffer(alibi_slopes(config.num_attention_heads), persistent=False)
 
-    def attention_bias(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+    def bias(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         distance = (query_positions[:, None] - key_positions[None, :]).abs().float()
         return (-self.slopes.to(distance.device)[:, None, None] * distance).unsqueeze(0)
 
 
-class RelativePositionBias(PositionEncoding):
+class RelativePositionBias(DistanceBias):
     """T5's relative position bias: a learned scalar per head for each bucket of the key-minus-query distance.
     Buckets are exact for small distances and logarithmic up to `relative_attention_max_distance`."""
 
@@ -237,7 +247,7 @@ class RelativePositionBias(PositionEncoding):
         log_bucket = torch.clamp(log_bucket, max=num_buckets - 1)
         return buckets + torch.where(is_small, distance, log_bucket)
 
-    def attention_bias(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+    def bias(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         relative_position = key_positions[None, :] - query_positions[:, None]
         bias = self.relative_attention_bias(self.bucket(relative_position))  # (queries, keys, heads)
         return bias.permute(2, 0, 1).unsqueeze(0)

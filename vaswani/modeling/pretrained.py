@@ -20,7 +20,6 @@ from .layers import (
     VaswaniAttention,
     VaswaniBlock,
     alibi_slopes,
-    bias_positions,
     build_norm,
     build_positions,
     check_backend_supports_positions,
@@ -141,7 +140,7 @@ class VaswaniStack(VaswaniPreTrainedModel):
     ) -> torch.Tensor:
         """Apply every block, with positions computed once for all of them, then the final norm."""
         rotary = self.positions.rotary(hidden_states, position_ids)
-        bias = self.positions.attention_bias(*bias_positions(hidden_states.shape[1], past_key_values, hidden_states.device))
+        bias = self.positions.score_bias(hidden_states.shape[1], past_key_values, hidden_states.device)
         for layer in self.layers:
             hidden_states = layer(
                 hidden_states,
