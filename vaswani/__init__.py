@@ -21,11 +21,11 @@ from transformers import (
 
 from .modeling import (
     VaswaniConfig,
-    VaswaniDecoderForSequenceClassification,
-    VaswaniEncoderForSequenceClassification,
     VaswaniDecoderConfig,
+    VaswaniDecoderForSequenceClassification,
     VaswaniDecoderModel,
     VaswaniEncoderConfig,
+    VaswaniEncoderForSequenceClassification,
     VaswaniEncoderModel,
     VaswaniForCausalLM,
     VaswaniForConditionalGeneration,

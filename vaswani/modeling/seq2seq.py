@@ -30,7 +30,16 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     """Teacher forcing: the decoder reads `[start] + labels[:-1]`, with ignored (-100) labels read as padding."""
     shifted = labels.new_full(labels.shape, decoder_start_token_id)
     shifted[:, 1:] = labels[:, :-1]
-    return shifted.masked_fill(shifted == -100, pad_token_id)
+    ignored = shifted == -100
+    if pad_token_id is None:
+        # masked_fill would fail with an opaque TypeError on None; only ignored labels need a pad id.
+        if ignored.any():
+            raise ValueError(
+                "labels contain -100 (ignored positions), which the decoder reads as padding, but pad_token_id is "
+                "not set: set config.pad_token_id, or pass decoder_input_ids yourself."
+            )
+        return shifted
+    return shifted.masked_fill(ignored, pad_token_id)
 
 
 class VaswaniSeq2SeqModel(VaswaniPreTrainedModel):
@@ -42,6 +51,9 @@ class VaswaniSeq2SeqModel(VaswaniPreTrainedModel):
         super().__init__(config)
         self.encoder = VaswaniEncoderModel(config.stack_config("encoder"), add_pooler=False)
         self.decoder = VaswaniDecoderModel(config.stack_config("decoder"))
+        # `save_pretrained` finds the tied tensors it may drop through `_tied_weights_keys`, not through
+        # `get_expanded_tied_weights_keys`: without it, saving a model with shared embeddings raises.
+        self._tied_weights_keys = self.get_expanded_tied_weights_keys()
         self.post_init()
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
@@ -133,6 +145,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = VaswaniSeq2SeqModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=config.lm_head_bias)
+        self._tied_weights_keys = self.get_expanded_tied_weights_keys()  # for save_pretrained, as in the base model
         self.post_init()
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:

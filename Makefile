@@ -1,0 +1,50 @@
+# Developer entry points. On a fresh clone, `make demo` sets everything up and runs the demo; `make test` runs
+# the test suite. Both create the virtual environment in .venv on first use.
+
+PYTHON ?= python3
+# The CPU build of PyTorch, installed before the package: a bare `torch` requirement would pull a multi-GB CUDA
+# build. Override to pick another build, e.g. `make setup TORCH=torch==2.14.1`.
+TORCH ?= torch==2.13.0
+EXTRAS ?= onnx,train,dev
+
+VENV := .venv
+PY := $(VENV)/bin/python
+# Written after a successful install; setup reruns only when it is missing or pyproject.toml is newer.
+STAMP := $(VENV)/.installed
+
+.PHONY: help setup demo test lint benchmark clean distclean
+
+help:
+	@echo "make demo       set up .venv if needed, then train, save, reload and sample a small model (about a minute)"
+	@echo "make test       set up .venv if needed, then run the test suite"
+	@echo "make setup      create .venv and install PyTorch (CPU) and vaswani[$(EXTRAS)] in editable mode"
+	@echo "make lint       ruff check"
+	@echo "make benchmark  run scripts/benchmark.py"
+	@echo "make clean      remove outputs/; make distclean also removes .venv"
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "vaswani needs Python >= 3.10; run make PYTHON=python3.11 (or another)")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install "$(TORCH)"
+	$(PY) -m pip install -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) scripts/demo.py $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest tests $(ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+benchmark: $(STAMP)
+	$(PY) scripts/benchmark.py $(ARGS)
+
+clean:
+	rm -rf outputs
+
+distclean: clean
+	rm -rf $(VENV) build *.egg-info
