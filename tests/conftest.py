@@ -8,10 +8,13 @@ share (and overwrite) each other's attention backend.
 """
 
 import copy
+from typing import TypeVar
 
+import pytest
 import torch
+from transformers import PreTrainedConfig, PreTrainedModel
 
-from vaswani import VaswaniDecoderConfig, VaswaniForCausalLM
+from vaswani import VaswaniDecoderConfig, VaswaniEncoderConfig, VaswaniForCausalLM, VaswaniSeq2SeqConfig
 from vaswani.modeling.configuration import POSITION_EMBEDDING_TYPES
 
 # Tiny tensors gain nothing from intra-op threads, and on a shared machine the threads' spin-waiting makes every op
@@ -34,15 +37,42 @@ TINY_DECODER = dict(
     eos_token_id=2,
 )
 
+# The same shape for the bidirectional encoder family (no bos/eos: encoders do not generate).
+TINY_ENCODER = {key: value for key, value in TINY_DECODER.items() if key not in ("bos_token_id", "eos_token_id")}
+
+# And for the encoder-decoder family; the decoder starts from the end-of-sequence id, as in the paper's (fairseq)
+# and BART's models.
+TINY_SEQ2SEQ = dict(TINY_DECODER, decoder_start_token_id=2)
+
 # num_key_value_heads for the 4 query heads of TINY_DECODER.
 ATTENTION_SHAPES = {"mha": 4, "gqa": 2, "mqa": 1}
 
 POSITION_TYPES = POSITION_EMBEDDING_TYPES
 
+Model = TypeVar("Model", bound=PreTrainedModel)
+
 
 def tiny_decoder_config(**overrides) -> VaswaniDecoderConfig:
     """A tiny `VaswaniDecoderConfig`; `overrides` change any field."""
     return VaswaniDecoderConfig(**{**TINY_DECODER, **overrides})
+
+
+def tiny_encoder_config(**overrides) -> VaswaniEncoderConfig:
+    """A tiny `VaswaniEncoderConfig`; `overrides` change any field."""
+    return VaswaniEncoderConfig(**{**TINY_ENCODER, **overrides})
+
+
+def tiny_seq2seq_config(**overrides) -> VaswaniSeq2SeqConfig:
+    """A tiny `VaswaniSeq2SeqConfig`; `overrides` change any field."""
+    return VaswaniSeq2SeqConfig(**{**TINY_SEQ2SEQ, **overrides})
+
+
+def build_model(
+    model_class: type[Model], config: PreTrainedConfig, attn_implementation: str = "eager", seed: int = 0
+) -> Model:
+    """A `model_class` in eval mode with seeded random weights, built from a deep copy of `config`."""
+    torch.manual_seed(seed)
+    return model_class._from_config(copy.deepcopy(config), attn_implementation=attn_implementation).eval()
 
 
 def build_causal_lm(
@@ -53,7 +83,7 @@ def build_causal_lm(
     return VaswaniForCausalLM._from_config(copy.deepcopy(config), attn_implementation=attn_implementation).eval()
 
 
-def with_attention_backend(model: VaswaniForCausalLM, attn_implementation: str) -> VaswaniForCausalLM:
+def with_attention_backend(model: Model, attn_implementation: str) -> Model:
     """A twin of `model` (same config and weights) that runs `attn_implementation`."""
     twin = type(model)._from_config(copy.deepcopy(model.config), attn_implementation=attn_implementation)
     twin.load_state_dict(model.state_dict())
@@ -82,3 +112,12 @@ def max_diff_where(mask: torch.Tensor, actual: torch.Tensor, expected: torch.Ten
     """Largest absolute difference over the (batch, positions) where `mask` is 1, i.e. the real tokens."""
     keep = mask.bool()
     return (actual[keep] - expected[keep]).abs().max().item()
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """A clean compiler state around a flex_attention case: torch 2.13's CPU inductor can generate broken code when
+    flex_attention recompiles for a new score_mod or shape in a process that already compiled it."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
