@@ -27,6 +27,7 @@ import torch
 from transformers import EvalPrediction, Trainer, TrainingArguments, set_seed
 
 from vaswani import VaswaniEncoderConfig, VaswaniForSequenceClassification
+from vaswani.training import TensorDataset
 
 
 @dataclass
@@ -141,19 +142,6 @@ def make_dataset(
         found = contained_patterns(input_ids[todo], patterns)
         todo = todo[found.sum(1) > 1]
     return input_ids, labels
-
-
-class TensorDataset(torch.utils.data.Dataset):
-    """Named tensors of equal length, served as the dicts of tensors that `Trainer` feeds to the model."""
-
-    def __init__(self, **tensors: torch.Tensor) -> None:
-        self.tensors = tensors
-
-    def __len__(self) -> int:
-        return len(next(iter(self.tensors.values())))
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {name: tensor[index] for name, tensor in self.tensors.items()}
 
 
 # ----------------------------------------------------------------------------------------------------- model

@@ -27,6 +27,7 @@ from transformers import AutoModelForSeq2SeqLM, Trainer, TrainingArguments, set_
 
 import vaswani  # noqa: F401  (registers the vaswani models with transformers' Auto classes)
 from vaswani import VaswaniForConditionalGeneration, VaswaniSeq2SeqConfig
+from vaswani.training import TensorDataset
 
 # The character vocabulary: three special tokens, then one token per lowercase letter.
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")
@@ -119,19 +120,6 @@ def decode(ids: list[int]) -> str:
         if token >= len(SPECIAL_TOKENS):
             letters.append(VOCAB[token])
     return "".join(letters)
-
-
-class TensorDataset(torch.utils.data.Dataset):
-    """Named tensors of equal length, served as the dicts of tensors that `Trainer` feeds to the model."""
-
-    def __init__(self, **tensors: torch.Tensor) -> None:
-        self.tensors = tensors
-
-    def __len__(self) -> int:
-        return len(next(iter(self.tensors.values())))
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {name: tensor[index] for name, tensor in self.tensors.items()}
 
 
 # ----------------------------------------------------------------------------------------------------- model
