@@ -159,6 +159,15 @@ def default_position_ids(hidden_length: int, past_key_values: Cache | None, devi
     return (torch.arange(hidden_length, device=device) + past_seen).unsqueeze(0)
 
 
+def _can_read_values(tensor: torch.Tensor) -> bool:
+    """Whether value checks (min/max of ids) are cheap here: never inside a compiled graph, which they would break;
+    on an accelerator only for multi-token inputs (the prompt), since each read is a host sync and a decode step
+    feeds back a token the model itself chose."""
+    if is_torchdynamo_compiling():
+        return False
+    return tensor.device.type == "cpu" or tensor.shape[1] > 1
+
+
 def check_inputs(
     config: VaswaniConfig,
     input_ids: torch.Tensor | None,
@@ -170,8 +179,8 @@ def check_inputs(
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
     check_backend_supports_positions(config)
-    if is_torchdynamo_compiling():
-        return  # the checks below read tensor values, which would break a compiled graph
+    if not _can_read_values(input_ids if input_ids is not None else inputs_embeds):
+        return
     if input_ids is not None and input_ids.numel():
         low, high = int(input_ids.min()), int(input_ids.max())
         if low < 0 or high >= config.vocab_size:
@@ -206,7 +215,7 @@ def check_positions(config: VaswaniConfig, position_ids: torch.Tensor, batch: in
             f"position_ids have shape {tuple(position_ids.shape)} but the input is (batch={batch}, tokens={length}); "
             f"if they came from generate(), check that attention_mask has one entry per input token."
         )
-    if config.position_embedding_type != "learned" or is_torchdynamo_compiling() or not position_ids.numel():
+    if config.position_embedding_type != "learned" or not position_ids.numel() or not _can_read_values(position_ids):
         return
     needed = int(position_ids.max()) + 1
     if needed > config.max_position_embeddings:
