@@ -1,10 +1,16 @@
-"""Conversion parity for encoders and encoder-decoders: BERT, BART and T5 models built by transformers, converted with
+"""Conversion parity: BERT, BART and T5 models built by transformers, converted with
 `vaswani.conversion.checkpoints.from_transformers`, compute the same hidden states and logits at every real (unpadded)
-position and generate the same tokens, greedy and with beam search."""
+position and generate the same tokens, greedy and with beam search. (Decoders are checked this way in test_parity.py.)
+
+Both directions: every supported architecture (LLaMA with GQA, Mistral, Qwen2, GPT-2, the BERT heads, BART, T5 relu
+and gated-gelu) converts to vaswani and back (`to_transformers`) into identical weights and outputs; vaswani models
+built natively from presets convert to transformers' classes with the same outputs; and a model that a target cannot
+express is refused with every field that does not map.
+"""
 
 import pytest
 import torch
-from conftest import max_diff_where, padding_mask, random_ids
+from conftest import build_model, max_diff_where, padding_mask, random_ids
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -14,7 +20,12 @@ from transformers import (
     BertForNextSentencePrediction,
     BertForSequenceClassification,
     BertModel,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaForCausalLM,
+    MistralForCausalLM,
     PreTrainedModel,
+    Qwen2ForCausalLM,
     T5Config,
     T5ForConditionalGeneration,
     T5Model,
@@ -22,13 +33,23 @@ from transformers import (
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from vaswani import (
+    VaswaniDecoderConfig,
+    VaswaniEncoderConfig,
     VaswaniEncoderModel,
+    VaswaniForCausalLM,
     VaswaniForConditionalGeneration,
     VaswaniForMaskedLM,
     VaswaniForSequenceClassification,
+    VaswaniSeq2SeqConfig,
     VaswaniSeq2SeqModel,
 )
-from vaswani.conversion.checkpoints import from_transformers, state_dict_from_t5
+from vaswani.conversion.checkpoints import (
+    PARITY_TOLERANCE,
+    from_transformers,
+    measure_parity,
+    state_dict_from_t5,
+    to_transformers,
+)
 
 TOLERANCE = 1e-5  # fp32
 VOCAB = 64
@@ -120,12 +141,45 @@ def tiny_t5(feed_forward_proj: str, model_class: type[PreTrainedModel] = T5ForCo
     return model
 
 
+def tiny_decoder(model_class: type[PreTrainedModel], **overrides) -> PreTrainedModel:
+    """A LLaMA-shaped causal LM (LLaMA, Mistral, Qwen2) with grouped-query attention (4 query heads, 2 key/value)."""
+    torch.manual_seed(0)
+    config = model_class.config_class(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        initializer_range=0.2,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        **overrides,
+    )
+    return model_class(config).eval()
+
+
+def tiny_gpt2() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, initializer_range=0.2, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    return GPT2LMHeadModel(config).eval()
+
+
 _CACHE: dict[str, tuple[PreTrainedModel, PreTrainedModel]] = {}
 
 
 def converted_pair(name: str) -> tuple[PreTrainedModel, PreTrainedModel]:
     """(reference, converted), built and converted once per session and shared by the tests that read it."""
     builders = {
+        "llama-gqa": lambda: tiny_decoder(LlamaForCausalLM),
+        "mistral": lambda: tiny_decoder(MistralForCausalLM, sliding_window=None),
+        "qwen2": lambda: tiny_decoder(Qwen2ForCausalLM),
+        "gpt2": tiny_gpt2,
         "BertModel": lambda: tiny_bert(BertModel),
         "BertForMaskedLM": lambda: tiny_bert(BertForMaskedLM),
         "BertForSequenceClassification": lambda: tiny_bert(BertForSequenceClassification),
@@ -310,3 +364,203 @@ def test_unsupported_head_is_rejected_with_the_supported_classes():
 def test_unknown_checkpoint_names_are_rejected_by_name():
     with pytest.raises(ValueError, match="encoder.block.0.layer.0.SelfAttention.extra.weight"):
         state_dict_from_t5({"encoder.block.0.layer.0.SelfAttention.extra.weight": torch.zeros(1)})
+
+
+# ----------------------------------------------------------------------------------------- both directions
+
+ROUND_TRIPS = [
+    "llama-gqa",
+    "mistral",
+    "qwen2",
+    "gpt2",
+    "BertModel",
+    "BertForMaskedLM",
+    "BertForSequenceClassification",
+    "BartModel",
+    "BartForConditionalGeneration",
+    "T5-relu",
+    "T5-gated-gelu",
+    "T5Model",
+]
+GENERATIVE = {"llama-gqa", "mistral", "qwen2", "gpt2", *SEQ2SEQ}
+
+
+def assert_parity(parity, generative: bool) -> None:
+    assert parity.outputs, "no output was compared"
+    assert parity.max_abs_diff <= PARITY_TOLERANCE
+    assert parity.greedy_identical is (True if generative else None)
+
+
+@pytest.mark.parametrize("name", ROUND_TRIPS)
+def test_round_trip_restores_the_source_class_and_identical_weights(name):
+    reference, converted = converted_pair(name)
+    back = to_transformers(converted, reference.config.model_type)
+    assert type(back) is type(reference) and not back.training
+    expected, actual = reference.state_dict(), back.state_dict()
+    assert actual.keys() == expected.keys()
+    changed = [key for key in expected if not torch.equal(actual[key], expected[key])]
+    assert not changed
+    # Tying survives too: T5 v1.1 keeps an LM head of its own, the others share the input embedding.
+    if reference.get_output_embeddings() is not None:
+        tied = reference.get_output_embeddings().weight is reference.get_input_embeddings().weight
+        assert (back.get_output_embeddings().weight is back.get_input_embeddings().weight) == tied
+
+
+@pytest.mark.parametrize("name", ROUND_TRIPS)
+def test_both_directions_reproduce_the_outputs_and_greedy_tokens(name):
+    reference, converted = converted_pair(name)
+    assert_parity(measure_parity(reference, converted), generative=name in GENERATIVE)
+    back = to_transformers(converted, reference.config.model_type)
+    assert_parity(measure_parity(reference, back), generative=name in GENERATIVE)
+
+
+def test_measure_parity_detects_a_changed_weight():
+    reference, converted = converted_pair("llama-gqa")
+    altered = from_transformers(reference)
+    with torch.no_grad():
+        altered.lm_head.weight[5] += 1.0
+    parity = measure_parity(reference, altered)
+    assert parity.max_abs_diff > 0.1 and not parity.ok
+
+
+# Vaswani models built natively from presets at tiny sizes: (model class, config class, preset, overrides).
+TINY = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, intermediate_size=64, initializer_range=0.2)
+NATIVE = {
+    "llama": (VaswaniForCausalLM, VaswaniDecoderConfig, "llama", dict(num_attention_heads=4, num_key_value_heads=2)),
+    "gpt2": (VaswaniForCausalLM, VaswaniDecoderConfig, "gpt2", dict(max_position_embeddings=64)),
+    "bert": (VaswaniEncoderModel, VaswaniEncoderConfig, "bert", dict(max_position_embeddings=64)),
+    "bert-mlm": (VaswaniForMaskedLM, VaswaniEncoderConfig, "bert", {}),
+    "bert-classifier": (VaswaniForSequenceClassification, VaswaniEncoderConfig, "bert", dict(num_labels=3)),
+    "bart": (VaswaniForConditionalGeneration, VaswaniSeq2SeqConfig, "bart", {}),
+    "bart-bare": (VaswaniSeq2SeqModel, VaswaniSeq2SeqConfig, "bart", {}),
+    "t5": (
+        VaswaniForConditionalGeneration,
+        VaswaniSeq2SeqConfig,
+        "t5",
+        dict(relative_attention_num_buckets=8, relative_attention_max_distance=20),
+    ),
+    "t5-v1.1": (
+        VaswaniForConditionalGeneration,
+        VaswaniSeq2SeqConfig,
+        "t5",
+        dict(hidden_act="gelu_new", gated_ffn=True, tie_word_embeddings=False, scale_decoder_output=False),
+    ),
+}
+
+
+def native_model(name: str, **overrides) -> PreTrainedModel:
+    model_class, config_class, preset, preset_overrides = NATIVE[name]
+    return build_model(model_class, config_class.from_preset(preset, **{**TINY, **preset_overrides, **overrides}))
+
+
+# The transformers class each converts to, with the architecture given (None: inferred).
+NATIVE_TARGETS = {
+    "llama": [(None, "LlamaForCausalLM"), ("mistral", "MistralForCausalLM"), ("qwen2", "Qwen2ForCausalLM")],
+    "gpt2": [(None, "GPT2LMHeadModel")],
+    "bert": [(None, "BertModel")],
+    "bert-mlm": [(None, "BertForMaskedLM")],
+    "bert-classifier": [(None, "BertForSequenceClassification")],
+    "bart": [(None, "BartForConditionalGeneration")],
+    "bart-bare": [(None, "BartModel")],
+    "t5": [(None, "T5ForConditionalGeneration")],
+    "t5-v1.1": [(None, "T5ForConditionalGeneration")],
+}
+
+
+@pytest.mark.parametrize(
+    "name, architecture, class_name",
+    [
+        (name, architecture, class_name)
+        for name, targets in NATIVE_TARGETS.items()
+        for architecture, class_name in targets
+    ],
+)
+def test_native_vaswani_model_converts_to_transformers_with_the_same_outputs(name, architecture, class_name):
+    model = native_model(name)
+    converted = to_transformers(model, architecture)
+    assert type(converted).__name__ == class_name
+    assert_parity(measure_parity(model, converted), generative=model.can_generate())
+
+
+def test_missing_biases_become_zeros_in_targets_that_always_have_them():
+    """A LLaMA-preset model has no attention biases; Qwen2 always has q/k/v biases, GPT-2 all biases."""
+    llama = native_model("llama")
+    qwen2 = to_transformers(llama, "qwen2")
+    assert not qwen2.model.layers[0].self_attn.q_proj.bias.any()
+    gpt2_shaped = native_model("gpt2", attention_bias=False, mlp_bias=False)
+    gpt2 = to_transformers(gpt2_shaped)
+    assert not gpt2.transformer.h[0].attn.c_attn.bias.any() and not gpt2.transformer.h[0].mlp.c_fc.bias.any()
+    assert_parity(measure_parity(gpt2_shaped, gpt2), generative=True)
+
+
+# ------------------------------------------------------------------------------------- fields that do not map
+
+
+def test_every_field_a_target_cannot_express_is_listed_in_one_error():
+    model = native_model(
+        "gpt2", position_embedding_type="alibi", norm_position="post", num_key_value_heads=2, gated_ffn=True,
+        embedding_scale=True,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="5 fields do not map") as error:
+        to_transformers(model, "gpt2")
+    expected = [
+        "position_embedding_type='alibi' (gpt2 needs 'learned')",
+        "norm_position='post' (gpt2 needs 'pre')",
+        "num_key_value_heads=2 (gpt2 needs 4)",
+        "gated_ffn=True (gpt2 needs False)",
+        "embedding_scale=True (gpt2 needs False)",
+    ]
+    assert all(problem in str(error.value) for problem in expected), str(error.value)
+    with pytest.raises(ValueError, match="4 fields do not map") as error:
+        to_transformers(model, "llama")  # LLaMA has grouped-query attention and gating, but not the rest
+    expected = ["position_embedding_type='alibi' (llama needs 'rope')", "norm_type='layernorm' (llama needs 'rmsnorm')"]
+    assert all(problem in str(error.value) for problem in expected), str(error.value)
+
+
+@pytest.mark.parametrize(
+    "name, overrides, architecture, problems",
+    [
+        ("bart", dict(norm_position="pre"), "bart", ["norm_position='pre' (bart needs 'post')"]),
+        (
+            "t5",
+            dict(hidden_act="gelu", gated_ffn=True, decoder_attention_heads=2),
+            "t5",
+            ["hidden_act='gelu' (t5 needs 'gelu_new')", "decoder_attention_heads=2 (t5 needs 4)"],
+        ),
+        (
+            "llama",
+            dict(attention_bias=True, mlp_bias=True),
+            "mistral",
+            ["attention_bias=True (mistral needs False)", "mlp_bias=True (mistral needs False)"],
+        ),
+        (
+            "bert-classifier",
+            dict(add_pooler=False),
+            "bert",
+            ["add_pooler=False (BertForSequenceClassification needs add_pooler=True"],
+        ),
+    ],
+    ids=["pre-norm-to-bart", "geglu-and-uneven-heads-to-t5", "biases-to-mistral", "no-pooler-to-bert-classifier"],
+)
+def test_fields_that_do_not_map_are_named_with_what_the_target_needs(name, overrides, architecture, problems):
+    with pytest.raises(ValueError, match=f"{len(problems)} fields? do(es)? not map") as error:
+        to_transformers(native_model(name, **overrides), architecture)
+    assert all(problem in str(error.value) for problem in problems), str(error.value)
+
+
+def test_nonzero_bias_without_a_place_in_the_target_is_named():
+    model = native_model("llama", attention_bias=True)
+    with torch.no_grad():
+        model.model.layers[1].self_attn.o_proj.bias.fill_(0.5)  # Qwen2 has q/k/v biases but none on o_proj
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.o_proj\.bias"):
+        to_transformers(model, "qwen2")
+
+
+def test_unknown_target_and_uninferable_architecture_list_the_supported_ones():
+    model = native_model("llama", position_embedding_type="sinusoidal")
+    with pytest.raises(ValueError, match="llama \\(rope positions\\), gpt2 \\(learned positions\\)"):
+        to_transformers(model)
+    with pytest.raises(ValueError, match="bart, bert, gpt2, llama, mistral, qwen2, t5"):
+        to_transformers(model, "opt")
+    with pytest.raises(ValueError, match="vaswani_encoder models"):
+        to_transformers(model, "bert")
