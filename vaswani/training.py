@@ -1,6 +1,17 @@
-"""Small helpers for training vaswani models with transformers' `Trainer`."""
+"""Training vaswani models with transformers' `Trainer`: the paper's recipe (its learning-rate schedule, Adam settings
+and label smoothing) as `VaswaniTrainingArguments` + `VaswaniTrainer`, and a small dataset of named tensors.
+
+Example:
+    >>> from vaswani.training import VaswaniTrainer, VaswaniTrainingArguments
+    >>> args = VaswaniTrainingArguments("out", lr_scheduler_type="paper", warmup_steps=4000, label_smoothing_factor=0.1)
+    >>> trainer = VaswaniTrainer(model, args, train_dataset=dataset)  # doctest: +SKIP
+"""
+
+from dataclasses import dataclass, field
+from functools import partial
 
 import torch
+from transformers import Trainer, TrainingArguments
 
 
 class TensorDataset(torch.utils.data.Dataset):
@@ -25,3 +36,150 @@ class TensorDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return {name: tensor[index] for name, tensor in self.tensors.items()}
+
+
+# ------------------------------------------------------------------------------------ the paper's training recipe
+
+PAPER_SCHEDULER = "paper"
+# Adam as in the paper (section 5.3): beta1 0.9, beta2 0.98, epsilon 1e-9.
+PAPER_ADAM_BETA2 = 0.98
+PAPER_ADAM_EPSILON = 1e-9
+
+
+def _paper_multiplier(scheduler_step: int, *, d_model: int, warmup_steps: int) -> float:
+    # LambdaLR sets the rate of update n (counted from 1, as the paper's step_num) after n - 1 scheduler steps.
+    step_num = scheduler_step + 1
+    return d_model**-0.5 * min(step_num**-0.5, step_num * warmup_steps**-1.5)
+
+
+def get_paper_schedule(
+    optimizer: torch.optim.Optimizer, d_model: int, warmup_steps: int, last_epoch: int = -1
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """The learning-rate schedule of "Attention Is All You Need" (section 5.3), as a `LambdaLR`:
+
+        lr = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5)
+
+    a linear warmup to a peak of (d_model * warmup_steps)^-0.5 at `warmup_steps`, then decay with the inverse square
+    root of the step. The optimizer's learning rate multiplies the formula, so an optimizer built with `lr=1.0`
+    follows the paper exactly (tensor2tensor calls the multiplier `learning_rate_constant`). The first update uses
+    step_num 1.
+
+    transformers' `inverse_sqrt` schedule has the same shape, but its peak is the optimizer's learning rate rather
+    than a function of d_model and warmup, and its first update uses a rate of 0 (it is one step behind).
+
+    Example:
+        >>> import torch
+        >>> from vaswani.training import get_paper_schedule
+        >>> optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+        >>> schedule = get_paper_schedule(optimizer, d_model=512, warmup_steps=4000)
+        >>> f"{optimizer.param_groups[0]['lr']:.3e}"  # the rate of the first update
+        '1.747e-07'
+    """
+    if not isinstance(d_model, int) or d_model < 1:
+        raise ValueError(f"d_model must be a positive integer (the model's hidden size), got {d_model!r}.")
+    if not isinstance(warmup_steps, int) or warmup_steps < 1:
+        raise ValueError(
+            f"The paper's schedule needs warmup_steps >= 1 (the paper used 4000), got {warmup_steps!r}: pass "
+            f"--warmup_steps N."
+        )
+    multiplier = partial(_paper_multiplier, d_model=d_model, warmup_steps=warmup_steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier, last_epoch=last_epoch)
+
+
+@dataclass
+class VaswaniTrainingArguments(TrainingArguments):
+    """transformers' `TrainingArguments`, plus the paper's learning-rate schedule as `lr_scheduler_type="paper"`.
+
+    With `"paper"`, `learning_rate` multiplies the paper's formula (default 1.0: the paper's rates), Adam defaults to
+    the paper's beta2 0.98 and epsilon 1e-9, and `warmup_steps` is required (the paper used 4000). Every other value
+    of `lr_scheduler_type` behaves exactly as in transformers, with its defaults (learning rate 5e-5, beta2 0.999,
+    epsilon 1e-8). Label smoothing is transformers' `label_smoothing_factor` (the paper used 0.1).
+
+    Example:
+        >>> from vaswani.training import VaswaniTrainingArguments
+        >>> args = VaswaniTrainingArguments("out", lr_scheduler_type="paper", warmup_steps=4000)
+        >>> args.learning_rate, args.adam_beta2, args.adam_epsilon
+        (1.0, 0.98, 1e-09)
+    """
+
+    lr_scheduler_type: str = field(
+        default="linear",
+        metadata={
+            "help": "transformers' schedules (linear, cosine, inverse_sqrt, ...) or 'paper': the paper's schedule"
+        },
+    )
+    learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "Peak learning rate (default 5e-5); with the paper's schedule, its multiplier (default 1.0)"},
+    )
+    adam_beta2: float | None = field(
+        default=None, metadata={"help": "Adam's beta2 (default 0.999; 0.98 with the paper's schedule)"}
+    )
+    adam_epsilon: float | None = field(
+        default=None, metadata={"help": "Adam's epsilon (default 1e-8; 1e-9 with the paper's schedule)"}
+    )
+    paper_d_model: int | None = field(
+        default=None, metadata={"help": "d_model in the paper's schedule (default: the model's hidden size)"}
+    )
+
+    def __post_init__(self) -> None:
+        paper = self.lr_scheduler_type == PAPER_SCHEDULER
+        defaults = (1.0, PAPER_ADAM_BETA2, PAPER_ADAM_EPSILON) if paper else (5e-5, 0.999, 1e-8)
+        for name, default in zip(("learning_rate", "adam_beta2", "adam_epsilon"), defaults):
+            if getattr(self, name) is None:
+                setattr(self, name, default)
+        if paper and not self.warmup_steps:
+            raise ValueError(
+                "lr_scheduler_type='paper' needs warmup steps (the paper used 4000): pass --warmup_steps N, or a "
+                "fraction of the training steps such as --warmup_steps 0.1."
+            )
+        # transformers validates the name against its own schedules: let it check a stand-in, then restore ours.
+        if paper:
+            self.lr_scheduler_type = "constant"
+        super().__post_init__()
+        if paper:
+            self.lr_scheduler_type = PAPER_SCHEDULER
+
+
+class VaswaniTrainer(Trainer):
+    """transformers' `Trainer`, plus the paper's schedule (`VaswaniTrainingArguments(lr_scheduler_type="paper")`) and
+    label smoothing that shifts a causal LM's labels.
+
+    (transformers' `Trainer` shifts labels for label smoothing only for causal LMs in its own model registry, so with
+    a vaswani decoder it would score each token's logits against the token itself instead of the next one.)
+
+    Example:
+        >>> trainer = VaswaniTrainer(model, VaswaniTrainingArguments("out", lr_scheduler_type="paper",
+        ...     warmup_steps=4000, label_smoothing_factor=0.1), train_dataset=dataset)  # doctest: +SKIP
+        >>> trainer.train()  # doctest: +SKIP
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.label_smoother is not None and self.compute_loss_func is None and _is_causal_lm(self.model):
+            self.compute_loss_func = partial(self.label_smoother, shift_labels=True)
+
+    def create_scheduler(
+        self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None
+    ) -> torch.optim.lr_scheduler.LRScheduler:
+        if self.args.lr_scheduler_type != PAPER_SCHEDULER or self.lr_scheduler is not None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        d_model = self.args.paper_d_model or self.accelerator.unwrap_model(self.model).config.hidden_size
+        warmup_steps = self.args.get_warmup_steps(num_training_steps)
+        self.lr_scheduler = get_paper_schedule(optimizer or self.optimizer, d_model, warmup_steps)
+        self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+
+def _is_causal_lm(model: torch.nn.Module) -> bool:
+    config = getattr(model, "config", None)
+    return getattr(model, "loss_type", None) == "ForCausalLM" and not getattr(config, "is_encoder_decoder", False)
+
+
+__all__ = [
+    "PAPER_SCHEDULER",
+    "TensorDataset",
+    "VaswaniTrainer",
+    "VaswaniTrainingArguments",
+    "get_paper_schedule",
+]
