@@ -74,7 +74,7 @@ def _add_export_parser(subparsers: argparse._SubParsersAction) -> None:
         "--tolerance",
         type=float,
         help="validation tolerance: absolute for fp32 (default 1e-4), relative to each output's scale for fp16 "
-        "(1e-2) and int8 (0.25)",
+        "(5e-3) and int8 (0.1)",
     )
     parser.set_defaults(run=_run_export)
 

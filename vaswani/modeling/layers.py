@@ -366,6 +366,13 @@ class VaswaniAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, key_value_width, bias=config.attention_bias)
         self.o_proj = nn.Linear(query_width, config.hidden_size, bias=config.attention_bias)
 
+    def project_key_value(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(batch, seq, hidden) -> keys and values of shape (batch, key_value_heads, seq, head_dim), before any
+        rotary embedding. Cross-attention keys/values are exactly this of the encoder output (the ONNX encoder graph
+        emits them once per sequence)."""
+        shape = (*source.shape[:-1], -1, self.head_dim)
+        return self.k_proj(source).view(shape).transpose(1, 2), self.v_proj(source).view(shape).transpose(1, 2)
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -386,10 +393,7 @@ class VaswaniAttention(nn.Module):
             # The encoder output does not change while decoding: its keys/values are projected once per sequence.
             key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
         else:
-            source = key_value_states if self.is_cross_attention else hidden_states
-            source_shape = (*source.shape[:-1], -1, self.head_dim)
-            key = self.k_proj(source).view(source_shape).transpose(1, 2)
-            value = self.v_proj(source).view(source_shape).transpose(1, 2)
+            key, value = self.project_key_value(key_value_states if self.is_cross_attention else hidden_states)
             if position_embeddings is not None:
                 query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
             if cache is not None:
