@@ -2,11 +2,12 @@
 
 The whole life of a model in one file: train a tokenizer, build a model from a preset, train it on a clock
 budget, measure held-out perplexity before and after, `save_pretrained` it, load it back through
-transformers' Auto classes, and generate text from it.
+transformers' Auto classes, and generate text from it; then export it to ONNX and generate with ONNX Runtime.
 
     python scripts/demo.py                   # one minute of training (the default)
     python scripts/demo.py --seconds 20      # shorter
     python scripts/demo.py --steps 200       # a fixed number of steps instead of a clock budget: reproducible
+    python scripts/demo.py --no-onnx         # skip the ONNX export and ONNX Runtime generation
 
 Everything is seeded, so two runs with `--steps` give the same model; with a clock budget the step count (and
 so the result) depends on how fast the machine is.
@@ -48,6 +49,7 @@ class Args:
     batch_size: int
     learning_rate: float
     max_new_tokens: int
+    onnx: bool
 
 
 def parse_args() -> Args:
@@ -65,6 +67,9 @@ def parse_args() -> Args:
     parser.add_argument("--batch-size", type=int, default=8, help="small batches: more updates per second")
     parser.add_argument("--learning-rate", type=float, default=3e-3, help="peak AdamW learning rate")
     parser.add_argument("--max-new-tokens", type=int, default=60, help="tokens generated per prompt")
+    parser.add_argument(
+        "--no-onnx", dest="onnx", action="store_false", help="skip exporting to ONNX and generating with ONNX Runtime"
+    )
     args = Args(**vars(parser.parse_args()))
     if args.seconds <= 0 or (args.steps is not None and args.steps < 1):
         parser.error("--seconds must be positive and --steps at least 1")
@@ -214,6 +219,31 @@ def show_generations(model_dir: Path, max_new_tokens: int, seed: int) -> None:
             print(f"\n[{name}] {text}")
 
 
+def deploy_with_onnx(model_dir: Path, onnx_dir: Path, max_new_tokens: int) -> None:
+    """Export the saved model to ONNX (validated against PyTorch), then generate with ONNX Runtime and compare."""
+    from vaswani.conversion import OrtModelForCausalLM, export_onnx
+
+    print(f"\nexporting {model_dir} to ONNX ...")
+    result = export_onnx(model_dir, onnx_dir, task="text-generation", overwrite=True)
+    print(f"wrote {result.folder}; ONNX Runtime vs PyTorch on fresh inputs:\n{result.validation}")
+
+    ort_model = OrtModelForCausalLM.from_pretrained(onnx_dir)
+    torch_model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(onnx_dir)  # the export carries the tokenizer
+    inputs = tokenizer(tokenizer.bos_token + PROMPTS[0], return_tensors="pt", add_special_tokens=False)
+    settings = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
+    outputs = {}
+    for name, model in (("PyTorch", torch_model), ("ONNX Runtime", ort_model)):
+        model.generate(**inputs, **settings)  # warm-up
+        start = time.perf_counter()
+        outputs[name] = model.generate(**inputs, **settings)
+        seconds = time.perf_counter() - start
+        print(f"[{name}] {max_new_tokens / seconds:,.0f} tokens/s greedy")
+    print(f"\n[ONNX Runtime, greedy] {tokenizer.decode(outputs['ONNX Runtime'][0], skip_special_tokens=True)}")
+    same = torch.equal(outputs["PyTorch"], outputs["ONNX Runtime"])
+    print(f"ONNX Runtime's greedy tokens are {'identical to' if same else 'DIFFERENT from'} PyTorch's")
+
+
 # ------------------------------------------------------------------------------------------------------ main
 
 
@@ -255,6 +285,8 @@ def main() -> None:
     save_loss_curve(losses, eval_before, eval_after, args.output / "loss_curve.png")
 
     show_generations(args.output, args.max_new_tokens, args.seed)
+    if args.onnx:
+        deploy_with_onnx(args.output, args.output.with_name(args.output.name + "-onnx"), args.max_new_tokens)
 
 
 if __name__ == "__main__":
