@@ -9,6 +9,7 @@ Exports are slow (seconds each), so each configuration is exported once per modu
 
 import json
 import shutil
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -39,19 +40,21 @@ from vaswani import (  # noqa: E402
 from vaswani.cli import main  # noqa: E402
 from vaswani.conversion import onnx_export  # noqa: E402
 from vaswani.conversion.onnx_export import (  # noqa: E402
+    LLM_OPSET,
     OnnxValidationError,
     export_onnx,
     load_manifest,
     positions_from_mask,
     validate_onnx_export,
 )
+from vaswani.modeling.layers import RMSNorm, VaswaniAttention  # noqa: E402
 
 NEW_TOKENS = 5
 GREEDY = dict(do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None)
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
 
 # position type -> (attention shape, layers, export options): each position type once, each attention shape twice;
-# one export is optimized (it must validate at the fp32 tolerance too).
+# one export is optimized (it must validate at the fp32 tolerance too). Rope is LLaMA-style (RMSNorm, SwiGLU).
 GENERATION_CASES = {
     "rope": ("gqa", 2, {}),
     "sinusoidal": ("mha", 1, {}),
@@ -60,6 +63,7 @@ GENERATION_CASES = {
     "relative_bias": ("mha", 1, {}),
     "none": ("mqa", 1, {}),
 }
+LLAMA_STYLE = {"norm_type": "rmsnorm", "gated_ffn": True, "hidden_act": "silu"}
 SEQ2SEQ_CASES = {"relative_bias": ("gqa", 1), "learned": ("mha", 1)}
 
 # (family, task) -> (model class, config, expected outputs): one position type each, spread over the six.
@@ -118,9 +122,15 @@ def exported(tmp_path_factory):
             if kind == "generation":
                 shape, layers, options = GENERATION_CASES[name]
                 config = tiny_decoder_config(
-                    position_embedding_type=name, num_key_value_heads=KV_HEADS[shape], num_hidden_layers=layers
+                    position_embedding_type=name,
+                    num_key_value_heads=KV_HEADS[shape],
+                    num_hidden_layers=layers,
+                    **(LLAMA_STYLE if name == "rope" else {}),
                 )
                 model, task = build_model(VaswaniForCausalLM, config, "sdpa"), "text-generation"
+            elif kind == "opset":  # a LLaMA-style decoder (rope, GQA) exported at opset `name`
+                config = tiny_decoder_config(num_key_value_heads=KV_HEADS["gqa"], num_hidden_layers=1, **LLAMA_STYLE)
+                model, task, options = build_model(VaswaniForCausalLM, config, "sdpa"), None, {"opset": name}
             elif kind == "fp16":
                 config = tiny_decoder_config(position_embedding_type="rope", num_key_value_heads=2, num_hidden_layers=1)
                 model, task, options = build_model(VaswaniForCausalLM, config, "sdpa"), None, {"dtype": "fp16"}
@@ -239,6 +249,54 @@ def test_text_generation_export_validates_and_generates_pytorch_tokens(exported,
     assert_validated(result, manifest_outputs(manifest))
 
     # A left-padded batch, driven from an empty past like a client would, yields PyTorch's greedy tokens.
+    prompt, mask = random_ids(2, 6), padding_mask([6, 4], 6, "left")
+    expected = model.generate(prompt, attention_mask=mask, **GREEDY)[:, prompt.shape[1] :]
+    np.testing.assert_array_equal(ort_greedy_causal(result.folder, prompt, mask), expected.numpy())
+
+
+def op_counts(path) -> Counter:
+    return Counter(node.op_type for node in onnx.load(str(path), load_external_data=False).graph.node)
+
+
+def ort_fused_op_counts(folder, tmp_path) -> Counter:
+    """The op types of a graph after ONNX Runtime's load-time optimizations (the runtime's default level)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(tmp_path / f"{folder.parent.name}-fused.onnx")
+    ort.InferenceSession(str(folder / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    return op_counts(options.optimized_model_filepath)
+
+
+def test_cpu_export_runs_each_self_attention_as_one_op_and_norms_fused(exported, tmp_path):
+    """At the CPU's default opset, each self-attention is one ONNX Attention node (the cache extended inside it)
+    after two RotaryEmbedding nodes, and every RMSNorm reaches ONNX Runtime in the form it fuses into one node.
+    Exporting leaves the PyTorch model as it was."""
+    model, result = exported(("generation", "rope"))
+    layers = model.config.num_hidden_layers
+    assert result.manifest["opset"] == LLM_OPSET
+    ops = op_counts(result.folder / "model.onnx")
+    assert (ops["Attention"], ops["RotaryEmbedding"]) == (layers, 2 * layers)
+    assert not {"Softmax", "Transpose"} & set(ops)  # no eager attention, no head transposes
+    fused = ort_fused_op_counts(result.folder, tmp_path)
+    norms = sum(isinstance(module, RMSNorm) for module in model.modules())
+    assert fused["SimplifiedLayerNormalization"] == norms == 2 * layers + 1
+    assert not {"Sqrt", "Reciprocal", "Pow"} & set(fused)
+    assert model.config._attn_implementation == "sdpa"
+    assert (RMSNorm.forward.__qualname__, VaswaniAttention.forward.__qualname__) == (
+        "RMSNorm.forward",
+        "VaswaniAttention.forward",
+    )
+
+
+def test_export_below_the_llm_opset_uses_plain_attention_and_still_matches(exported, tmp_path):
+    """Below `LLM_OPSET` (the exporter's own default, which CUDA exports keep), attention and rotary export as plain
+    math and the LLaMA-style decoder still validates, generates PyTorch's tokens, and has its norms fused."""
+    model, result = exported(("opset", 20))
+    assert result.manifest["opset"] == 20
+    assert_validated(result, manifest_outputs(result.manifest))
+    assert not {"Attention", "RotaryEmbedding"} & set(op_counts(result.folder / "model.onnx"))
+    fused = ort_fused_op_counts(result.folder, tmp_path)
+    assert fused["SimplifiedLayerNormalization"] == 2 * model.config.num_hidden_layers + 1
     prompt, mask = random_ids(2, 6), padding_mask([6, 4], 6, "left")
     expected = model.generate(prompt, attention_mask=mask, **GREEDY)[:, prompt.shape[1] :]
     np.testing.assert_array_equal(ort_greedy_causal(result.folder, prompt, mask), expected.numpy())

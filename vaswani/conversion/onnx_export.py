@@ -23,9 +23,11 @@ The folder (the I/O contract, version 1; the README spells it out for clients in
 
 How: thin wrapper modules take flat named tensors, build the transformers `Cache` objects the model expects and
 return flat outputs; `torch.onnx.export(dynamo=True)` traces them with every dynamic axis >= 2 and a padded mask.
-Attention exports as the eager math path (scores and softmax in float32, also in fp16 exports) whatever backend
-the model was loaded with. Optional passes: ONNX Runtime's offline graph optimizations (`optimize`), int8 dynamic
-quantization for CPU (`quantize="int8"`, the LM head included).
+While tracing, a few blocks take formulations that export to fewer nodes (`exporting_formulations`): on the CPU
+(opset 23) each self-attention becomes ONNX's Attention and RotaryEmbedding ops, elsewhere the eager math; scores
+and softmax are float32 either way, also in fp16 exports; RMSNorm takes the form ONNX Runtime fuses. Optional
+passes: ONNX Runtime's offline graph optimizations (`optimize`), int8 dynamic quantization for CPU
+(`quantize="int8"`, the LM head included).
 """
 
 import copy
@@ -36,7 +38,7 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,7 +49,7 @@ import onnxruntime as ort
 import torch
 from torch import nn
 from transformers import GenerationConfig, PreTrainedConfig, PreTrainedModel
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -65,7 +67,13 @@ from ..modeling import (
     VaswaniSeq2SeqModel,
 )
 from ..modeling.configuration import CONFIG_CLASSES
-from ..modeling.layers import SinusoidalPositionEmbedding, VaswaniRotaryEmbedding, eager_attention_forward
+from ..modeling.layers import (
+    RMSNorm,
+    SinusoidalPositionEmbedding,
+    VaswaniAttention,
+    VaswaniRotaryEmbedding,
+    eager_attention_forward,
+)
 
 FORMAT, FORMAT_VERSION = "vaswani-onnx", 1
 
@@ -506,12 +514,26 @@ def load_for_task(folder: str | os.PathLike, task: str | None) -> tuple[PreTrain
 # ------------------------------------------------------------------------------------------------ export
 
 
+# The first ONNX opset with Attention (grouped-query, extending a KV cache) and RotaryEmbedding operators, which ONNX
+# Runtime runs as one kernel each instead of about twenty small nodes per layer (checked with onnxruntime 1.31;
+# older runtimes may lack the kernels).
+LLM_OPSET = 23
+
+
 @contextmanager
-def exporting_attention(model: nn.Module) -> Iterator[None]:
-    """Run every attention of `model` through the export path inside the block (the backend it was loaded with is
-    restored after): the eager math, with scores, bias, mask and softmax in float32 even in an fp16 model, since
-    fp16 scores overflow. Traced through sdpa instead, some position types failed to export (relative_bias) or
-    gave wrong prompt logits in ONNX Runtime (none); the plain math exports every one faithfully."""
+def exporting_formulations(model: nn.Module, llm_ops: bool) -> Iterator[None]:
+    """Trace `model` in formulations that export to few, fusable ONNX nodes; all is restored after the block.
+
+    PyTorch's own code stays the numerical reference (exact parity with transformers); these compute the same up
+    to float rounding, which validation checks on every export:
+    - attention runs through `float32_attention` (eager math, float32 scores) whatever backend the model was
+      loaded with;
+    - RMSNorm divides by the root mean square instead of multiplying by its rsqrt: ONNX Runtime fuses that form
+      into one SimplifiedLayerNormalization node, the other stays six nodes;
+    - with `llm_ops` (opset >= `LLM_OPSET`), self-attention is `llm_self_attention`: ONNX RotaryEmbedding and
+      Attention nodes.
+    RMSNorm and VaswaniAttention are patched on the class, so no other thread may run vaswani models meanwhile.
+    """
     configs = {
         id(module.config): module.config
         for module in model.modules()
@@ -521,14 +543,30 @@ def exporting_attention(model: nn.Module) -> Iterator[None]:
     for config in configs.values():
         config._attn_implementation_internal = EXPORT_ATTENTION
     try:
-        yield
+        with ExitStack() as patches:
+            patches.enter_context(_replaced(RMSNorm, "forward", fusable_rms_norm))
+            if llm_ops:
+                patches.enter_context(_replaced(VaswaniAttention, "forward", llm_self_attention))
+            yield
     finally:
         for key, config in configs.items():
             config._attn_implementation_internal = saved[key]
 
 
+@contextmanager
+def _replaced(owner: type, name: str, value: Callable) -> Iterator[None]:
+    original = owner.__dict__[name]
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
 def float32_attention(module: nn.Module, query, key, value, attention_mask, **kwargs):
-    """Eager attention computed in float32, its output cast back to the model's dtype (a no-op in fp32 models)."""
+    """Eager attention computed in float32 (fp16 scores overflow), its output cast back to the model's dtype (a
+    no-op in fp32 models). Traced through sdpa instead, some position types failed to export (relative_bias) or
+    gave wrong prompt logits in ONNX Runtime (none); the plain math exports every one faithfully."""
     mask = attention_mask.float() if attention_mask is not None else None
     output, probs = eager_attention_forward(module, query.float(), key.float(), value.float(), mask, **kwargs)
     return output.to(query.dtype), probs
@@ -537,6 +575,73 @@ def float32_attention(module: nn.Module, query, key, value, attention_mask, **kw
 EXPORT_ATTENTION = "vaswani_onnx_export"
 ALL_ATTENTION_FUNCTIONS.register(EXPORT_ATTENTION, float32_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(EXPORT_ATTENTION, eager_mask)
+
+
+def fusable_rms_norm(self: RMSNorm, hidden_states: torch.Tensor) -> torch.Tensor:
+    """`RMSNorm.forward` with `x / sqrt(mean(x^2) + eps)` for `x * rsqrt(mean(x^2) + eps)`."""
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states / torch.sqrt(variance + self.eps)
+    return self.weight * hidden_states.to(input_dtype)
+
+
+_vaswani_attention_forward = VaswaniAttention.forward
+
+
+def llm_self_attention(
+    self: VaswaniAttention,
+    hidden_states: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    position_bias: torch.Tensor | None = None,
+    past_key_values: Cache | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """`VaswaniAttention.forward` for self-attention as two ONNX RotaryEmbedding nodes and one Attention node.
+
+    They take the (batch, tokens, heads * head_dim) projections as they come (no head reshapes or transposes),
+    Attention appends the new keys/values to the cache itself and serves each query group from its shared key/value
+    head (no repeat_kv copies), and the mask and position bias (ALiBi, relative) enter as one additive bias. Scores
+    and softmax are float32, as in `float32_attention`. Cross-attention, and a cache this cannot extend (none
+    initialized for the layer), take the original path.
+    """
+    cache = past_key_values
+    if isinstance(cache, EncoderDecoderCache):
+        cache = cache.self_attention_cache
+    layer = cache.layers[self.layer_idx] if cache is not None else None
+    extendable = layer is None or (isinstance(layer, DynamicLayer) and layer.is_initialized)
+    if self.is_cross_attention or not extendable:
+        return _vaswani_attention_forward(
+            self, hidden_states, attention_mask, position_embeddings, position_bias, past_key_values, **kwargs
+        )
+    heads, key_value_heads = self.config.num_attention_heads, self.config.num_key_value_heads
+    query, key, value = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+    if position_embeddings is not None:
+        # The op takes each frequency once (vaswani's cos/sin hold them twice: `cat(freqs, freqs)`), for every row of
+        # the batch (default position ids are one row for all).
+        batch = hidden_states.shape[0]
+        cos, sin = (table[..., : table.shape[-1] // 2].expand(batch, -1, -1) for table in position_embeddings)
+        query = torch.onnx.ops.rotary_embedding(query, cos, sin, num_heads=heads)
+        key = torch.onnx.ops.rotary_embedding(key, cos, sin, num_heads=key_value_heads)
+    bias = attention_mask.float() if attention_mask is not None else None
+    if position_bias is not None:
+        bias = position_bias.float() if bias is None else bias + position_bias.float()
+    past = (layer.keys.float(), layer.values.float()) if layer is not None else (None, None)
+    output, keys, values, _ = torch.onnx.ops.attention(
+        query.float(),
+        key.float(),
+        value.float(),
+        bias,
+        *past,
+        q_num_heads=heads,
+        kv_num_heads=key_value_heads,
+        scale=self.scaling,
+    )
+    if layer is not None:
+        # What `cache.update` would hold: the past and the new keys/values, in the model's dtype.
+        layer.keys, layer.values = keys.to(key.dtype), values.to(value.dtype)
+    return self.o_proj(output.to(hidden_states.dtype)), None
 
 
 def cast_model(model: PreTrainedModel, dtype: torch.dtype, device: str) -> PreTrainedModel:
@@ -644,7 +749,8 @@ def export_graph(spec: GraphSpec, config: PreTrainedConfig, device: str, opset: 
     dynamic_shapes = structured(
         lambda leaf: {axis: dims[name] for axis, name in enumerate(leaf.shape) if isinstance(name, str)}
     )
-    with torch.no_grad(), exporting_attention(spec.module), _quiet_exporter():
+    llm_ops = opset is not None and opset >= LLM_OPSET
+    with torch.no_grad(), exporting_formulations(spec.module, llm_ops), _quiet_exporter():
         program = torch.onnx.export(
             spec.module,
             args,
@@ -889,7 +995,9 @@ def export_onnx(
         validate: compare ONNX Runtime with PyTorch on fresh shapes and raise `OnnxValidationError` past the
             tolerance (then nothing is installed). Turn off only to inspect a graph that fails.
         tolerance: override the default tolerance (`TOLERANCES`: absolute for fp32, relative to scale otherwise).
-        opset: ONNX opset (default: the exporter's).
+        opset: ONNX opset. Default: `LLM_OPSET` on the CPU, where its Attention and RotaryEmbedding ops run
+            fastest; the exporter's own default for CUDA (20 with torch 2.13), where those ops are not validated
+            yet. Below `LLM_OPSET`, attention and rotary export as plain math (more, smaller nodes).
         progress: called with a line of text at each stage (the CLI prints them).
 
     Example:
@@ -912,6 +1020,8 @@ def export_onnx(
         raise ValueError("device='cuda' needs a CUDA build of torch and a GPU; export on 'cpu' instead.")
     if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
         raise ValueError("device='cuda' validates on ONNX Runtime's CUDA provider: install onnxruntime-gpu.")
+    if opset is None and device == "cpu":
+        opset = LLM_OPSET
     output_dir = Path(output_dir)
     _check_output_dir(output_dir, overwrite)
 
