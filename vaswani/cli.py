@@ -76,6 +76,11 @@ def _add_export_parser(subparsers: argparse._SubParsersAction) -> None:
         help="validation tolerance: absolute for fp32 (default 1e-4), relative to each output's scale for fp16 "
         "(5e-3) and int8 (0.1)",
     )
+    parser.add_argument(
+        "--opset",
+        type=int,
+        help="ONNX opset (default: 23 on cpu, whose Attention/RotaryEmbedding ops run fastest; 20 for older runtimes)",
+    )
     parser.set_defaults(run=_run_export)
 
 
@@ -94,6 +99,7 @@ def _run_export(args: argparse.Namespace) -> int:
             quantize=args.quantize,
             overwrite=args.overwrite,
             tolerance=args.tolerance,
+            opset=args.opset,
             progress=lambda message: print(message, file=sys.stderr, flush=True),
         )
     except OnnxValidationError as error:
