@@ -139,10 +139,13 @@ class OrtGraph:
             raise ValueError(f"The {self.name!r} graph needs the inputs {missing}.")
         tensors = {name: self.convert(name, values[name]) for name in self.inputs}
         self._check_axes(tensors)
+        if "input_ids" in tensors:
+            self._check_token_ids(tensors["input_ids"])
         return tensors
 
     def convert(self, name: str, value: Any) -> torch.Tensor:
-        """One input as the manifest asks for it (see `prepare`); a no-op for a tensor that already is."""
+        """One input as the manifest asks for it (see `prepare`, which also checks sizes and token ids once for the
+        whole call); a no-op for a tensor that already is."""
         spec = self.inputs[name]
         expected_dtype = DTYPES[spec["dtype"]][1]
         if isinstance(value, np.ndarray):
@@ -166,8 +169,6 @@ class OrtGraph:
                 f"{name} must have {len(spec['shape'])} dimensions {self._pretty(spec['shape'])}, got shape "
                 f"{tuple(value.shape)}."
             )
-        if name == "input_ids":
-            self._check_token_ids(value)
         return value.to(self.device).contiguous()
 
     def _check_token_ids(self, input_ids: torch.Tensor) -> None:
