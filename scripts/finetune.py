@@ -53,6 +53,7 @@ from transformers import (
 )
 
 import vaswani  # noqa: F401  (registers the vaswani configs and models with the Auto classes)
+from vaswani.folders import replace_folder
 from vaswani.training import VaswaniTrainer, VaswaniTrainingArguments
 
 logger = logging.getLogger("finetune")
@@ -294,18 +295,6 @@ def accuracy(prediction: EvalPrediction) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------------------- main
-
-
-def replace_folder(staging: Path, final: Path) -> None:
-    """Move a fully written `staging` folder to `final`; an older `final` is removed only once the new one is there."""
-    old = final.with_name(f".{final.name}.old")
-    if old.exists():
-        shutil.rmtree(old)
-    if final.exists():
-        final.rename(old)
-    staging.rename(final)
-    if old.exists():
-        shutil.rmtree(old)
 
 
 def save_final_model(trainer: VaswaniTrainer, output_dir: Path) -> Path:

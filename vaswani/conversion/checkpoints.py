@@ -21,16 +21,13 @@ Whole folders, tokenizer included, with a parity check before anything is writte
     >>> convert_checkpoint("vaswani-folder", "llama-again", reverse="llama")  # doctest: +SKIP
 """
 
-import contextlib
 import copy
 import dataclasses
 import inspect
 import json
 import logging
 import re
-import shutil
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from functools import cache, partial
 from os import PathLike
 from pathlib import Path
@@ -54,6 +51,7 @@ from transformers import (
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from .. import modeling
+from ..folders import check_output_folder, staged_folder
 from ..modeling import (
     VaswaniConfig,
     VaswaniDecoderConfig,
@@ -1143,37 +1141,7 @@ def _source_class(config: dict, folder: Path, reverse: str | None) -> type[PreTr
 def _check_target(target: Path, source: Path, overwrite: bool) -> None:
     if target.resolve() == source.resolve():
         raise ValueError(f"The target folder {target} is the source folder; pick another one.")
-    if target.exists() and not target.is_dir():
-        raise FileExistsError(f"{target} exists and is not a folder.")
-    if target.is_dir() and any(target.iterdir()) and not overwrite:
-        raise FileExistsError(f"{target} exists and is not empty; pass overwrite=True (--overwrite) to replace it.")
-
-
-@contextlib.contextmanager
-def _staging_folder(target: Path) -> Iterator[Path]:
-    """A new folder beside `target` that replaces it when the block succeeds; on failure it is removed, together
-    with any parent folder this created, and `target` is left as it was."""
-    created = next((parent for parent in reversed(target.parents) if not parent.exists()), None)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.parent / f".{target.name}.partial-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
-    try:
-        yield staging
-        previous = target.parent / f".{target.name}.previous-{uuid.uuid4().hex[:8]}"
-        if target.exists():
-            target.rename(previous)
-        try:
-            staging.rename(target)
-        except BaseException:
-            if previous.exists():
-                previous.rename(target)
-            raise
-        shutil.rmtree(previous, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        if created is not None:
-            shutil.rmtree(created, ignore_errors=True)
-        raise
+    check_output_folder(target, overwrite)
 
 
 def _has_tokenizer(folder: Path) -> bool:
@@ -1235,7 +1203,7 @@ def convert_checkpoint(
     converted_class = type(converted)
     log(f"Converted to {converted_class.__name__} ({converted.config.model_type})")
 
-    with _staging_folder(target) as staging:
+    with staged_folder(target) as staging:
         converted.to(saved_dtype).save_pretrained(staging)
         del converted
         log(f"Saved safetensors weights ({str(saved_dtype).removeprefix('torch.')}) and config; checking parity")

@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -54,6 +53,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from ..folders import check_output_folder, staged_folder
 from ..modeling import (
     VaswaniDecoderForSequenceClassification,
     VaswaniDecoderModel,
@@ -928,35 +928,6 @@ def _write_side_files(folder: Path, model: PreTrainedModel, task: str, source: P
                 shutil.copy2(source / name, folder / name)
 
 
-def _check_output_dir(output_dir: Path, overwrite: bool) -> None:
-    if output_dir.is_file():
-        raise FileExistsError(f"{output_dir} is a file; pass a folder path for the export.")
-    if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
-        raise FileExistsError(
-            f"{output_dir} exists and is not empty; pass overwrite=True (--overwrite) to replace it, or choose "
-            f"another output folder."
-        )
-
-
-def _install(staging: Path, output_dir: Path) -> None:
-    """Move the finished export into place; a replaced folder is moved aside first and deleted only afterwards."""
-    retired = None
-    if output_dir.exists():
-        retired = Path(tempfile.mkdtemp(dir=output_dir.parent, prefix=f".{output_dir.name}.replaced-"))
-        output_dir.rename(retired / output_dir.name)
-    for path in staging.iterdir():
-        path.chmod(0o666 & ~_umask())  # some writers create private files; the export is ordinary data
-    staging.rename(output_dir)
-    if retired is not None:
-        shutil.rmtree(retired)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 @dataclass
 class ExportResult:
     """What `export_onnx` wrote: the folder, its manifest and the validation report (None when not validated)."""
@@ -1023,7 +994,7 @@ def export_onnx(
     if opset is None and device == "cpu":
         opset = LLM_OPSET
     output_dir = Path(output_dir)
-    _check_output_dir(output_dir, overwrite)
+    check_output_folder(output_dir, overwrite)
 
     source = None
     if isinstance(model_or_folder, (str, os.PathLike)):
@@ -1038,10 +1009,7 @@ def export_onnx(
     export_model = cast_model(module, DTYPES[dtype], device)
     specs = build_graph_specs(export_model, task, DTYPES[dtype])
 
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=output_dir.parent, prefix=f".{output_dir.name}.exporting-"))
-    staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the export is an ordinary folder
-    try:
+    with staged_folder(output_dir) as staging:
         graphs = {}
         for spec in specs:
             say(f"Exporting graph {spec.name!r} with torch.onnx.export(dynamo=True)")
@@ -1081,12 +1049,16 @@ def export_onnx(
             report = validate_onnx_export(staging, export_model if quantize is None else module, tolerance=tolerance)
             manifest["validation"] = report.to_json()
             _write_manifest(staging, manifest)
-        _install(staging, output_dir)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
+        for path in staging.iterdir():
+            path.chmod(0o666 & ~_umask())  # some writers create private files; the export is ordinary data
     say(f"Wrote {output_dir}")
     return ExportResult(output_dir, manifest, report)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _opset(path: Path) -> int:
