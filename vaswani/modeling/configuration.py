@@ -572,6 +572,25 @@ class VaswaniSeq2SeqConfig(VaswaniConfig):
         config.is_encoder_decoder = side == "decoder"
         return config
 
+    def get_text_config(self, decoder: bool | None = None, encoder: bool | None = None) -> VaswaniConfig:
+        """transformers' view of one side: `stack_config(side)` for `decoder=True` or `encoder=True`, else this config.
+
+        transformers sizes caches, shards heads and checks cache shapes from this view and its `per_layer_config`.
+        Its generic answer for flat encoder-decoder configs renames `decoder_attention_heads` to
+        `num_attention_heads`, which copies our `None` ("same as num_attention_heads") and leaves `head_dim` and
+        `num_key_value_heads` at the other side's values; the stack config is what each side is built from.
+
+        Example:
+            >>> config = VaswaniSeq2SeqConfig(hidden_size=64, num_attention_heads=4, decoder_attention_heads=2)
+            >>> view = config.get_text_config(decoder=True).per_layer_config[0]
+            >>> view.num_attention_heads, view.num_key_value_heads, view.head_dim, view.hidden_size
+            (2, 2, 32, 64)
+        """
+        if bool(decoder) == bool(encoder):
+            return self
+        # A deep copy, as transformers returns for flat configs: callers may adjust it without touching the model's.
+        return copy.deepcopy(self.stack_config("decoder" if decoder else "encoder"))
+
 
 CONFIG_CLASSES: dict[str, type[VaswaniConfig]] = {
     config_class.model_type: config_class
