@@ -43,13 +43,8 @@ from vaswani import (
     VaswaniSeq2SeqConfig,
     VaswaniSeq2SeqModel,
 )
-from vaswani.conversion.checkpoints import (
-    PARITY_TOLERANCE,
-    from_transformers,
-    measure_parity,
-    state_dict_from_t5,
-    to_transformers,
-)
+from vaswani.conversion.checkpoints import PARITY_TOLERANCE, from_transformers, measure_parity, to_transformers
+from vaswani.conversion.checkpoints.t5 import state_dict_from_t5
 
 TOLERANCE = 1e-5  # fp32
 VOCAB = 64
