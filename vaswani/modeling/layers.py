@@ -435,6 +435,10 @@ class VaswaniBlock(GradientCheckpointingLayer):
     """One Transformer layer: self-attention, optional cross-attention, feed-forward; each a residual sublayer.
 
     Pre-norm: x + dropout(f(norm(x))). Post-norm (the 2017 paper): norm(x + dropout(f(x))).
+
+    Every tensor that may need a gradient (hidden states, the shared position bias, the encoder output) is a
+    positional argument: reentrant gradient checkpointing (`use_reentrant=True`) tracks only those, and one passed by
+    keyword would have the graph behind it walked again by every checkpointed layer's backward.
     """
 
     def __init__(self, config: VaswaniConfig, layer_idx: int, is_causal: bool, has_cross_attention: bool = False):
@@ -462,9 +466,9 @@ class VaswaniBlock(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         position_bias: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> torch.Tensor:
         hidden_states = self._residual(

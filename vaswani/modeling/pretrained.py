@@ -136,17 +136,23 @@ class VaswaniStack(VaswaniPreTrainedModel):
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor,
         past_key_values: Cache | None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
         """Apply every block, with positions computed once for all of them, then the final norm."""
         rotary = self.positions.rotary(hidden_states, position_ids)
         bias = self.positions.score_bias(hidden_states.shape[1], past_key_values, hidden_states.device)
         for layer in self.layers:
+            # Positional, not keyword: reentrant gradient checkpointing tracks only positional tensors, and the
+            # learned bias and the encoder output carry gradients back to weights outside the block.
             hidden_states = layer(
                 hidden_states,
-                attention_mask=attention_mask,
-                position_embeddings=rotary,
-                position_bias=bias,
+                attention_mask,
+                rotary,
+                bias,
+                encoder_hidden_states,
+                encoder_attention_mask,
                 past_key_values=past_key_values,
                 **kwargs,
             )
