@@ -68,6 +68,39 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         elif isinstance(module, AlibiPositionBias):
             init.copy_(module.slopes, alibi_slopes(module.num_heads))
 
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """transformers' `resize_token_embeddings`, followed by every stack of the model.
+
+        The encoder and decoder of an encoder-decoder are built from copies of the config (`stack_config`), which
+        check token ids against their own `vocab_size`: they learn the new size too.
+
+        Example:
+            >>> model.resize_token_embeddings(len(tokenizer))  # after tokenizer.add_tokens([...])
+        """
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        for module in self.modules():
+            if isinstance(module, VaswaniPreTrainedModel):
+                module.config.vocab_size = self.config.vocab_size
+                if hasattr(module, "vocab_size"):
+                    module.vocab_size = self.config.vocab_size
+        return embeddings
+
+    def _resize_token_embeddings(
+        self, new_num_tokens: int | None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        # One vocabulary per model: a stack with a token embedding of its own (the decoder of an encoder-decoder that
+        # does not share embeddings) is resized with the input embedding.
+        for stack in self.modules():
+            old = getattr(stack, "embed_tokens", None)
+            if isinstance(stack, VaswaniStack) and old.num_embeddings != embeddings.num_embeddings:
+                new = self._get_resized_embeddings(old, embeddings.num_embeddings, mean_resizing=mean_resizing)
+                new.requires_grad_(old.weight.requires_grad)
+                stack.set_input_embeddings(new)
+        return embeddings
+
 
 def _is_readable_safetensors(path: Path) -> bool:
     try:
