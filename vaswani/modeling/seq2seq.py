@@ -105,6 +105,12 @@ class VaswaniSeq2SeqModel(VaswaniPreTrainedModel):
                 "An encoder-decoder model needs decoder inputs: pass decoder_input_ids (or decoder_inputs_embeds), "
                 "or labels to VaswaniForConditionalGeneration, which shifts them into decoder_input_ids."
             )
+        # The stacks are built from copies of this config (`stack_config`), so switches set on it after loading
+        # (`model.config.output_attentions = True`, the Trainer's `use_cache = False`) must be passed on explicitly.
+        for switch in ("output_attentions", "output_hidden_states"):
+            if kwargs.get(switch) is None:
+                kwargs[switch] = getattr(self.config, switch, False)
+        use_cache = self.config.use_cache if use_cache is None else use_cache
         if encoder_outputs is None:
             encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs)
         elif not isinstance(encoder_outputs, ModelOutput):
