@@ -17,6 +17,7 @@ from conftest import (
     tiny_encoder_config,
     tiny_seq2seq_config,
 )
+from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
 
 from vaswani import VaswaniForCausalLM, VaswaniForConditionalGeneration, VaswaniForMaskedLM
@@ -67,6 +68,38 @@ def test_gradient_checkpointing_matches_training_without_it(family, position_emb
         assert any("relative_attention_bias" in name for name in gradients)
     if family == "seq2seq":
         assert any(name.startswith("model.encoder.layers") for name in gradients)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_peft_lora_with_reentrant_checkpointing_trains_like_without(family):
+    """The k-bit training recipe (`peft.prepare_model_for_kbit_training`): a frozen base, reentrant checkpointing,
+    input embeddings that require grad, LoRA adapters. The adapters get the gradients of a run without checkpointing
+    (relative_bias positions: a bias shared by all layers, and for an encoder-decoder the encoder output, cross every
+    checkpointed layer)."""
+    model_class, make_config = FAMILIES[family]
+    task_type = {"decoder": "CAUSAL_LM", "encoder": None, "seq2seq": "SEQ_2_SEQ_LM"}[family]
+    ids = random_ids(2, 7)
+    batch = {"input_ids": ids, "labels": ids}
+    runs = []
+    for checkpointing in (False, True):
+        model = build_model(model_class, make_config(position_embedding_type="relative_bias"))
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        if checkpointing:  # what prepare_model_for_kbit_training does for a quantized model
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+            model.enable_input_require_grads()
+        torch.manual_seed(0)
+        model = get_peft_model(
+            model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type=task_type, init_lora_weights=False)
+        )
+        model.train()
+        runs.append(loss_and_gradients(model, batch, seed=1))
+    (expected_loss, expected_gradients), (loss, gradients) = runs
+    torch.testing.assert_close(loss, expected_loss)
+    assert gradients.keys() == expected_gradients.keys() and all("lora_" in name for name in gradients)
+    for name, gradient in gradients.items():
+        torch.testing.assert_close(
+            gradient, expected_gradients[name], msg=lambda message, name=name: f"{name}: {message}"
+        )
 
 
 # ------------------------------------------------------------------------------------ packed sequences (padding-free)
