@@ -45,7 +45,7 @@ from transformers import (
 import vaswani  # noqa: F401  (registers the vaswani models with the Auto classes)
 from vaswani.conversion import OrtModelForCausalLM, OrtModelForSeq2SeqLM, export_onnx
 from vaswani.conversion.checkpoints import from_transformers
-from vaswani.conversion.onnx_runtime import OrtModelForGeneration, default_session_options
+from vaswani.conversion.onnx import OrtModelForGeneration, default_session_options
 
 SECTIONS = ("decoder", "seq2seq", "int8", "gpu")
 BARS = {"decoder": 2.5, "seq2seq": 2.5, "int8": 5.0}

@@ -1,14 +1,14 @@
 """ONNX export: every family and task, each position type and attention shape, exported with
 `torch.onnx.export(dynamo=True)` and run by ONNX Runtime against PyTorch on shapes other than the traced ones
-(validation is part of every export); the folder is self-describing (manifest == graphs, external weights); the
-graphs drive greedy generation to PyTorch's tokens with plain ONNX Runtime; int8 quantizes every weight matmul, the
-tied LM head included; the command line exits 0/1/2 and never leaves a half-written or replaced folder behind.
+(validation is part of every export); the graphs drive greedy generation to PyTorch's tokens with plain ONNX Runtime;
+int8 quantizes every weight matmul, the tied LM head included; the command line exits 0/1/2 and never leaves a
+half-written or replaced folder behind. The folder's contract is tested in test_onnx_contract.py, validation failures
+in test_onnx_validation.py.
 
-Exports are slow (seconds each), so each configuration is exported once per module (`exported`) and shared.
+Exports are slow (seconds each), so each configuration is exported once per session (`exported`, from
+onnx_cases.py) and shared.
 """
 
-import json
-import shutil
 from collections import Counter
 
 import numpy as np
@@ -20,136 +20,29 @@ from conftest import (
     random_ids,
     tiny_decoder_config,
     tiny_encoder_config,
-    tiny_seq2seq_config,
 )
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 onnx_ir = pytest.importorskip("onnx_ir")
 
+from onnx_cases import GENERATION_CASES, SEQ2SEQ_CASES, TASK_CASES  # noqa: E402
+
 from vaswani import (  # noqa: E402
-    VaswaniDecoderForSequenceClassification,
-    VaswaniEncoderForSequenceClassification,
-    VaswaniEncoderModel,
     VaswaniForCausalLM,
-    VaswaniForConditionalGeneration,
     VaswaniForMaskedLM,
     VaswaniForQuestionAnswering,
-    VaswaniForTokenClassification,
 )
 from vaswani.cli import main  # noqa: E402
-from vaswani.conversion import onnx_export  # noqa: E402
-from vaswani.conversion.onnx_export import (  # noqa: E402
-    LLM_OPSET,
-    OnnxValidationError,
-    export_onnx,
-    load_manifest,
-    positions_from_mask,
-    validate_onnx_export,
-)
+from vaswani.conversion.onnx import export_onnx, load_manifest  # noqa: E402
+from vaswani.conversion.onnx.contract import positions_from_mask  # noqa: E402
+from vaswani.conversion.onnx.formulations import LLM_OPSET  # noqa: E402
 from vaswani.modeling.layers import RMSNorm, VaswaniAttention  # noqa: E402
+
+pytest_plugins = ["onnx_cases"]  # the shared `exported` fixture
 
 NEW_TOKENS = 5
 GREEDY = dict(do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None)
-KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
-
-# position type -> (attention shape, layers, export options): each position type once, each attention shape twice;
-# one export is optimized (it must validate at the fp32 tolerance too). Rope is LLaMA-style (RMSNorm, SwiGLU).
-GENERATION_CASES = {
-    "rope": ("gqa", 2, {}),
-    "sinusoidal": ("mha", 1, {}),
-    "learned": ("mqa", 1, {}),
-    "alibi": ("gqa", 1, {"optimize": True}),
-    "relative_bias": ("mha", 1, {}),
-    "none": ("mqa", 1, {}),
-}
-LLAMA_STYLE = {"norm_type": "rmsnorm", "gated_ffn": True, "hidden_act": "silu"}
-SEQ2SEQ_CASES = {"relative_bias": ("gqa", 1), "learned": ("mha", 1)}
-
-# (family, task) -> (model class, config, expected outputs): one position type each, spread over the six.
-TASK_CASES = {
-    ("encoder", "feature-extraction"): (
-        VaswaniEncoderModel,
-        lambda: tiny_encoder_config(
-            num_hidden_layers=1, position_embedding_type="sinusoidal", add_pooler=True, type_vocab_size=2
-        ),
-        ["last_hidden_state", "pooler_output"],
-    ),
-    ("encoder", "fill-mask"): (
-        VaswaniForMaskedLM,
-        lambda: tiny_encoder_config(num_hidden_layers=1, position_embedding_type="learned"),
-        ["logits"],
-    ),
-    ("encoder", "text-classification"): (
-        VaswaniEncoderForSequenceClassification,
-        lambda: tiny_encoder_config(
-            num_hidden_layers=1, position_embedding_type="rope", num_labels=3, classifier_pooling="mean"
-        ),
-        ["logits"],
-    ),
-    ("encoder", "token-classification"): (
-        VaswaniForTokenClassification,
-        lambda: tiny_encoder_config(num_hidden_layers=1, position_embedding_type="alibi", num_labels=5),
-        ["logits"],
-    ),
-    ("decoder", "feature-extraction"): (
-        VaswaniForCausalLM,  # a causal LM's bare stack
-        lambda: tiny_decoder_config(num_hidden_layers=1, position_embedding_type="none"),
-        ["last_hidden_state"],
-    ),
-    ("decoder", "text-classification"): (
-        VaswaniDecoderForSequenceClassification,
-        lambda: tiny_decoder_config(num_hidden_layers=1, position_embedding_type="relative_bias", num_labels=3),
-        ["logits"],
-    ),
-    ("seq2seq", "feature-extraction"): (
-        VaswaniForConditionalGeneration,  # its encoder alone
-        lambda: tiny_seq2seq_config(position_embedding_type="sinusoidal", encoder_layers=1, decoder_layers=1),
-        ["last_hidden_state"],
-    ),
-}
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """`exported(key)` -> (model, ExportResult), exporting each configuration once per module."""
-    results = {}
-
-    def export(key):
-        if key not in results:
-            kind, name = key
-            folder = tmp_path_factory.mktemp("onnx") / "export"
-            if kind == "generation":
-                shape, layers, options = GENERATION_CASES[name]
-                config = tiny_decoder_config(
-                    position_embedding_type=name,
-                    num_key_value_heads=KV_HEADS[shape],
-                    num_hidden_layers=layers,
-                    **(LLAMA_STYLE if name == "rope" else {}),
-                )
-                model, task = build_model(VaswaniForCausalLM, config, "sdpa"), "text-generation"
-            elif kind == "opset":  # a LLaMA-style decoder (rope, GQA) exported at opset `name`
-                config = tiny_decoder_config(num_key_value_heads=KV_HEADS["gqa"], num_hidden_layers=1, **LLAMA_STYLE)
-                model, task, options = build_model(VaswaniForCausalLM, config, "sdpa"), None, {"opset": name}
-            elif kind == "fp16":
-                config = tiny_decoder_config(position_embedding_type="rope", num_key_value_heads=2, num_hidden_layers=1)
-                model, task, options = build_model(VaswaniForCausalLM, config, "sdpa"), None, {"dtype": "fp16"}
-            elif kind == "seq2seq":
-                shape, layers = SEQ2SEQ_CASES[name]
-                config = tiny_seq2seq_config(
-                    position_embedding_type=name,
-                    num_key_value_heads=KV_HEADS[shape],
-                    encoder_layers=1,
-                    decoder_layers=layers,
-                )
-                model, task, options = build_model(VaswaniForConditionalGeneration, config, "sdpa"), None, {}
-            else:
-                model_class, make_config, _ = TASK_CASES[name]
-                model, task, options = build_model(model_class, make_config(), "sdpa"), name[1], {}
-            results[key] = model, export_onnx(model, folder, task, **options)
-        return results[key]
-
-    return export
 
 
 def graph_session(folder, manifest, name):
@@ -354,89 +247,6 @@ def test_task_export_validates(exported, family_task):
     assert "generation_config.json" not in {path.name for path in result.folder.iterdir()}
 
 
-# ------------------------------------------------------------------------------------------ the folder
-
-
-# Shapes the contract prescribes for some I/O of the two generation folders below (tiny: head_dim 8, vocab 64).
-CONTRACT_SHAPES = {
-    ("generation", "rope"): {  # 2 key/value heads
-        "attention_mask": ["batch", "past_sequence + sequence"],
-        "past_key_values.1.value": ["batch", 2, "past_sequence", 8],
-        "logits": ["batch", "sequence", 64],
-        "present.1.value": ["batch", 2, "past_sequence + sequence", 8],
-    },
-    ("seq2seq", "relative_bias"): {  # 2 key/value heads
-        "encoder_attention_mask": ["batch", "encoder_sequence"],
-        "cross_key_values.0.key": ["batch", 2, "encoder_sequence", 8],
-        "last_hidden_state": ["batch", "encoder_sequence", 32],
-        "present.0.key": ["batch", 2, "past_sequence + sequence", 8],
-    },
-}
-
-
-@pytest.mark.parametrize("key", CONTRACT_SHAPES, ids=["decoder", "seq2seq"])
-def test_manifest_describes_the_graphs_and_weights_are_external(exported, key):
-    _, result = exported(key)
-    folder, manifest = result.folder, result.manifest
-    shapes = {
-        spec["name"]: spec["shape"]
-        for graph in manifest["graphs"].values()
-        for spec in graph["inputs"] + graph["outputs"]
-    }
-    assert {name: shapes[name] for name in CONTRACT_SHAPES[key]} == CONTRACT_SHAPES[key]
-    assert load_manifest(folder) == manifest == json.loads((folder / "manifest.json").read_text())
-    assert {"config.json", "generation_config.json", "manifest.json"} <= {path.name for path in folder.iterdir()}
-    dtype_names = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.INT64: "int64"}
-    for graph in manifest["graphs"].values():
-        model = onnx.load(str(folder / graph["file"]), load_external_data=False)
-        for values, specs in ((model.graph.input, graph["inputs"]), (model.graph.output, graph["outputs"])):
-            described = [
-                {
-                    "name": value.name,
-                    "dtype": dtype_names[value.type.tensor_type.elem_type],
-                    "shape": [dim.dim_param or dim.dim_value for dim in value.type.tensor_type.shape.dim],
-                }
-                for value in values
-            ]
-            assert described == specs
-        axes = {axis for spec in graph["inputs"] + graph["outputs"] for axis in spec["shape"] if isinstance(axis, str)}
-        assert axes <= {"batch", "sequence", "past_sequence", "past_sequence + sequence", "encoder_sequence"}
-        external = [tensor for tensor in model.graph.initializer if tensor.data_location == onnx.TensorProto.EXTERNAL]
-        assert external and all(
-            entry.value == f"{graph['file']}.data"
-            for tensor in external
-            for entry in tensor.external_data
-            if entry.key == "location"
-        )
-        assert (folder / f"{graph['file']}.data").stat().st_size > 0
-
-
-def test_load_manifest_names_what_is_missing_or_inconsistent(exported, tmp_path):
-    _, result = exported(("generation", "rope"))
-    folder = tmp_path / "copy"
-    shutil.copytree(result.folder, folder)
-    (folder / "model.onnx.data").unlink()
-    with pytest.raises(FileNotFoundError, match="model.onnx.data"):
-        load_manifest(folder)
-    shutil.copy(result.folder / "model.onnx.data", folder)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 5}))
-    with pytest.raises(ValueError, match="num_layers: manifest 2, config.json 5"):
-        load_manifest(folder)
-    (folder / "manifest.json").unlink()
-    with pytest.raises(FileNotFoundError, match="no manifest.json"):
-        load_manifest(folder)
-
-
-def test_validation_fails_loudly_against_another_model(exported):
-    model, result = exported(("generation", "sinusoidal"))
-    other = build_model(VaswaniForCausalLM, model.config, seed=1)
-    with pytest.raises(OnnxValidationError, match="does not match PyTorch") as failure:
-        validate_onnx_export(result.folder, other)
-    assert {row.output for row in failure.value.report.failures} >= {"logits", "present.0.key"}
-    assert "| NO |" in str(failure.value.report)
-
-
 # ------------------------------------------------------------------------------------------ fp16 and CUDA
 
 
@@ -540,27 +350,4 @@ def test_unsupported_task_is_a_clear_error(decoder_folder, tmp_path, capsys):
         export_onnx(
             build_model(VaswaniForMaskedLM, tiny_encoder_config()), tmp_path / "out", task="text2text-generation"
         )
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["model"]
-
-
-def test_cli_exits_1_and_writes_nothing_when_the_graph_is_wrong(exported, tmp_path, monkeypatch, capsys):
-    """A graph whose token embedding is off by noise of std 0.05 (as a broken conversion would be) fails validation:
-    exit status 1, the table with the failing rows, and no output folder."""
-    model, result = exported(("generation", "rope"))
-    model.save_pretrained(tmp_path / "model")
-
-    def broken_graph(spec, config, device, opset):
-        graph = onnx_ir.load(str(result.folder / "model.onnx"))
-        lookup = next(node for node in graph.graph if node.op_type == "Gather" and node.inputs[0].is_initializer())
-        table = lookup.inputs[0]  # the token embedding
-        noise = np.random.default_rng(0).normal(0.0, 0.05, table.const_value.shape.numpy())
-        table.const_value = onnx_ir.tensor(table.const_value.numpy() + noise.astype(np.float32), name=table.name)
-        return graph
-
-    monkeypatch.setattr(onnx_export, "export_graph", broken_graph)
-    output = tmp_path / "out"
-    assert main(["export", "--model", str(tmp_path / "model"), "--output", str(output)]) == 1
-    out, err = capsys.readouterr()
-    assert "| model | logits |" in out and "| NO |" in out
-    assert "nothing was written" in err
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model"]

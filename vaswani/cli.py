@@ -86,7 +86,7 @@ def _add_export_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _run_export(args: argparse.Namespace) -> int:
     # Imported here, so that `vaswani --help` does not load torch and transformers.
-    from .conversion.onnx_export import OnnxValidationError, export_onnx
+    from .conversion.onnx import OnnxValidationError, export_onnx
 
     try:
         result = export_onnx(

@@ -1,7 +1,11 @@
-"""Conversion and deployment: checkpoint converters (`checkpoints`), ONNX export (`onnx_export`) and ONNX Runtime
-inference (`onnx_runtime`).
+"""Conversion and deployment, one package per concern:
 
-The ONNX names are imported on first use, so that `vaswani.conversion.checkpoints` works without the optional
+- `checkpoints/`: transformers checkpoints into vaswani models and back, one module per source architecture (its
+  `__init__` says where a new architecture goes).
+- `onnx/`: ONNX export, graph post-processing, validation, the folder's I/O contract and the ONNX Runtime models
+  (its `__init__` says where a new task or quantization format goes).
+
+The names below are imported on first use, so that `vaswani.conversion.checkpoints` works without the optional
 `onnx`/`onnxruntime` packages (`pip install vaswani[onnx]`):
 
     >>> from vaswani.conversion import OrtModelForCausalLM
@@ -10,24 +14,24 @@ The ONNX names are imported on first use, so that `vaswani.conversion.checkpoint
 
 import importlib
 
-# name -> submodule that defines it
+# name -> the subpackage that exports it
 _LAZY_NAMES = {
     "convert_checkpoint": "checkpoints",
     "from_transformers": "checkpoints",
     "to_transformers": "checkpoints",
-    "export_onnx": "onnx_export",
-    "load_manifest": "onnx_export",
-    "validate_onnx_export": "onnx_export",
-    "ExportResult": "onnx_export",
-    "OnnxValidationError": "onnx_export",
-    "SUPPORTED_TASKS": "onnx_export",
-    "ValidationReport": "onnx_export",
-    "OrtModelForCausalLM": "onnx_runtime",
-    "OrtModelForFeatureExtraction": "onnx_runtime",
-    "OrtModelForMaskedLM": "onnx_runtime",
-    "OrtModelForSeq2SeqLM": "onnx_runtime",
-    "OrtModelForSequenceClassification": "onnx_runtime",
-    "OrtModelForTokenClassification": "onnx_runtime",
+    "export_onnx": "onnx",
+    "load_manifest": "onnx",
+    "validate_onnx_export": "onnx",
+    "ExportResult": "onnx",
+    "OnnxValidationError": "onnx",
+    "SUPPORTED_TASKS": "onnx",
+    "ValidationReport": "onnx",
+    "OrtModelForCausalLM": "onnx",
+    "OrtModelForFeatureExtraction": "onnx",
+    "OrtModelForMaskedLM": "onnx",
+    "OrtModelForSeq2SeqLM": "onnx",
+    "OrtModelForSequenceClassification": "onnx",
+    "OrtModelForTokenClassification": "onnx",
 }
 
 

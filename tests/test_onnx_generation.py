@@ -1,0 +1,453 @@
+"""ONNX Runtime generation from exported tiny models against the PyTorch models they came from: token-identical
+(greedy, beam search, seeded sampling, stopping criteria; in the lean loop and in transformers' own loop), logits and
+caches agree, the encoder graph emits the cross-attention cache the decoder reads, IO binding writes the cache into
+preallocated buffers, and fp16 exports keep a half-precision cache.
+
+The models are exported once per test session (onnx_cases.py). CUDA tests run only where onnxruntime has
+the CUDA provider and torch sees a GPU.
+"""
+
+import pytest
+import torch
+
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")  # the exporter's dependency
+
+from conftest import build_model, random_ids, tiny_decoder_config  # noqa: E402
+from onnx_cases import (  # noqa: E402
+    DECODERS,
+    HAS_CUDA,
+    PAD,
+    SEQ2SEQ,
+    TOLERANCE,
+    left_padded_prompts,
+    right_padded_sources,
+)
+from transformers import GenerationMixin, StoppingCriteria, StoppingCriteriaList, pipeline  # noqa: E402
+from transformers.modeling_outputs import BaseModelOutput  # noqa: E402
+
+from vaswani import VaswaniForCausalLM  # noqa: E402
+from vaswani.conversion import OrtModelForCausalLM, OrtModelForSeq2SeqLM, export_onnx  # noqa: E402
+
+pytest_plugins = ["onnx_cases"]  # the shared `tokenizer`, `exports` and `load` fixtures
+
+NEW_TOKENS = 8
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs onnxruntime-gpu (CUDAExecutionProvider) and a CUDA GPU")
+LOOPS = ["lean", "transformers"]
+
+
+@pytest.fixture
+def transformers_loop_runs(monkeypatch):
+    """The ORT models that ran transformers' own greedy/sampling loop, to check which loop a generate() call took
+    (the lean loop must not silently fall back, nor the transformers loop be skipped)."""
+    runs = []
+    original = GenerationMixin._sample
+
+    def recording(self, *args, **kwargs):
+        if type(self).__name__.startswith("Ort"):
+            runs.append(type(self).__name__)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "_sample", recording)
+    return runs
+
+
+def generate_both(pytorch_model, ort_model, loop: str, seed: int = 0, **kwargs) -> tuple:
+    """Generate with both models under the same seed; `loop` picks the ORT model's loop."""
+    ort_model.fast_generation = loop == "lean"
+    outputs = []
+    for model in (pytorch_model, ort_model):
+        torch.manual_seed(seed)
+        outputs.append(model.generate(**kwargs))
+    return tuple(outputs)
+
+
+def expected_loop_runs(loop: str, ort_model) -> list[str]:
+    return [type(ort_model).__name__] if loop == "transformers" else []
+
+
+# -------------------------------------------------------------------------------------- decoder generation
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("name", DECODERS)
+def test_greedy_generation_of_a_left_padded_batch_matches_pytorch(load, transformers_loop_runs, name, loop):
+    pytorch_model, ort_model = load(OrtModelForCausalLM, f"decoder-{name}")
+    input_ids, attention_mask = left_padded_prompts()
+    expected, actual = generate_both(
+        pytorch_model, ort_model, loop, input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=NEW_TOKENS
+    )
+    assert torch.equal(actual, expected)
+    assert transformers_loop_runs == expected_loop_runs(loop, ort_model)
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_beam_search_matches_pytorch(load, name):
+    pytorch_model, ort_model = load(OrtModelForCausalLM, f"decoder-{name}")
+    input_ids, attention_mask = left_padded_prompts()
+    expected, actual = generate_both(
+        pytorch_model,
+        ort_model,
+        "transformers",
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=NEW_TOKENS,
+        num_beams=3,
+        num_return_sequences=2,
+    )
+    assert torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("name", DECODERS)
+def test_seeded_sampling_matches_pytorch(load, transformers_loop_runs, name, loop):
+    """With the same global seed, equal distributions draw equal tokens: the logits agree to 1e-5, so the tokens
+    must be identical."""
+    pytorch_model, ort_model = load(OrtModelForCausalLM, f"decoder-{name}")
+    input_ids, attention_mask = left_padded_prompts()
+    sampling = dict(do_sample=True, temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=NEW_TOKENS)
+    expected, actual = generate_both(
+        pytorch_model, ort_model, loop, input_ids=input_ids, attention_mask=attention_mask, **sampling
+    )
+    assert torch.equal(actual, expected)
+    assert transformers_loop_runs == expected_loop_runs(loop, ort_model)
+    # The premise: PyTorch and ORT see the same next-token logits along the way.
+    with_logits = dict(sampling, return_dict_in_generate=True, output_logits=True)
+    expected, actual = generate_both(
+        pytorch_model, ort_model, "transformers", input_ids=input_ids, attention_mask=attention_mask, **with_logits
+    )
+    assert torch.equal(actual.sequences, expected.sequences)
+    assert max((a - e).abs().max().item() for a, e in zip(actual.logits, expected.logits)) < TOLERANCE
+
+
+class StopAtTokens(StoppingCriteria):
+    """A custom criterion that ends each row on its own: once it generates the token chosen for that row."""
+
+    def __init__(self, tokens: torch.Tensor):
+        self.tokens = tokens
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        return input_ids[:, -1] == self.tokens
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_stopping_criteria_are_honoured(load, loop):
+    pytorch_model, ort_model = load(OrtModelForCausalLM, "decoder-rope-gqa")
+    input_ids, attention_mask = left_padded_prompts()
+    prompt = dict(input_ids=input_ids, attention_mask=attention_mask)
+
+    expected, actual = generate_both(pytorch_model, ort_model, loop, **prompt, max_length=input_ids.shape[1] + 3)
+    assert actual.shape[1] == input_ids.shape[1] + 3
+    assert torch.equal(actual, expected)
+
+    # End of sequence: the token the first row generates third, so that row stops early and is padded after it.
+    free_run, _ = generate_both(pytorch_model, ort_model, loop, **prompt, max_new_tokens=NEW_TOKENS, eos_token_id=None)
+    eos = int(free_run[0, input_ids.shape[1] + 2])
+    expected, actual = generate_both(
+        pytorch_model, ort_model, loop, **prompt, max_new_tokens=NEW_TOKENS, eos_token_id=eos
+    )
+    assert torch.equal(actual, expected)
+    assert (expected[0, input_ids.shape[1] + 3 :] == PAD).all()
+
+    # Row i stops at the token it generates in step i + 1 (or earlier, where that token comes up before).
+    steps = torch.arange(free_run.shape[0]) + input_ids.shape[1] + 1
+    criteria = StoppingCriteriaList([StopAtTokens(free_run[torch.arange(free_run.shape[0]), steps])])
+    expected, actual = generate_both(
+        pytorch_model,
+        ort_model,
+        loop,
+        **prompt,
+        max_new_tokens=NEW_TOKENS,
+        stopping_criteria=criteria,
+        eos_token_id=None,
+    )
+    assert torch.equal(actual, expected)
+    assert expected.shape[1] < input_ids.shape[1] + NEW_TOKENS  # the criterion did stop generation
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_forward_with_cache_matches_pytorch_logits_and_cache(load, name):
+    """The prompt of a left-padded batch, then two single-token steps through the returned cache."""
+    pytorch_model, ort_model = load(OrtModelForCausalLM, f"decoder-{name}")
+    input_ids, attention_mask = left_padded_prompts()
+    real = attention_mask.bool()
+    # PyTorch's forward counts positions from the first (padding) column unless told; generate() passes positions
+    # counted from the first real token, which the ORT model derives from the mask by itself.
+    positions = attention_mask.cumsum(-1) - 1
+    expected = pytorch_model(input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True)
+    actual = ort_model(input_ids, attention_mask=attention_mask)
+    assert (actual.logits[real] - expected.logits[real]).abs().max() < TOLERANCE
+    for step in range(2):
+        next_ids = expected.logits[:, -1].argmax(-1, keepdim=True)
+        attention_mask = torch.cat([attention_mask, torch.ones_like(next_ids)], dim=-1)
+        expected = pytorch_model(
+            next_ids,
+            attention_mask=attention_mask,
+            position_ids=attention_mask.sum(-1, keepdim=True) - 1,
+            past_key_values=expected.past_key_values,
+            use_cache=True,
+        )
+        actual = ort_model(next_ids, attention_mask=attention_mask, past_key_values=actual.past_key_values)
+        assert (actual.logits - expected.logits).abs().max() < TOLERANCE, f"step {step}"
+    real = attention_mask.bool()
+    for ort_layer, pytorch_layer in zip(actual.past_key_values.layers, expected.past_key_values.layers, strict=True):
+        for ort_tensor, pytorch_tensor in (
+            (ort_layer.keys, pytorch_layer.keys),
+            (ort_layer.values, pytorch_layer.values),
+        ):
+            difference = (ort_tensor - pytorch_tensor).abs().amax(dim=(1, 3))  # (batch, positions)
+            assert difference[real].max() < TOLERANCE
+
+
+def test_generation_continues_from_a_returned_cache(load):
+    """A second generate() over the first one's cache (transformers' loop: the cache is prefilled) ends where one
+    uninterrupted generate() ends."""
+    _, ort_model = load(OrtModelForCausalLM, "decoder-rope-gqa")
+    input_ids, attention_mask = left_padded_prompts()
+    ort_model.fast_generation = True
+    greedy = dict(do_sample=False, eos_token_id=None)
+    first = ort_model.generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=3, return_dict_in_generate=True, **greedy
+    )
+    mask = torch.cat([attention_mask, torch.ones(3, 3, dtype=torch.long)], dim=-1)
+    continued = ort_model.generate(
+        first.sequences, attention_mask=mask, past_key_values=first.past_key_values, max_new_tokens=3, **greedy
+    )
+    uninterrupted = ort_model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=6, **greedy)
+    assert torch.equal(continued, uninterrupted)
+
+
+def test_forward_without_cache_returns_no_cache(load):
+    _, ort_model = load(OrtModelForCausalLM, "decoder-rope-gqa")
+    assert ort_model(random_ids(2, 4), use_cache=False).past_key_values is None
+
+
+def test_text_generation_pipeline_runs_the_onnx_model(load, tokenizer):
+    """pipeline("text-generation") accepts the ORT model and writes the PyTorch pipeline's text."""
+    pytorch_model, ort_model = load(OrtModelForCausalLM, "decoder-rope-gqa")
+    ort_model.fast_generation = True
+    prompt = "Once upon a time, there was"
+    expected, actual = (
+        pipeline("text-generation", model=model, tokenizer=tokenizer)(prompt, max_new_tokens=6, do_sample=False)
+        for model in (pytorch_model, ort_model)
+    )
+    assert actual == expected
+
+
+# -------------------------------------------------------------------------------------- seq2seq generation
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("name", SEQ2SEQ)
+def test_seq2seq_greedy_generation_of_a_padded_source_batch_matches_pytorch(load, transformers_loop_runs, name, loop):
+    pytorch_model, ort_model = load(OrtModelForSeq2SeqLM, f"seq2seq-{name}")
+    input_ids, attention_mask = right_padded_sources()
+    expected, actual = generate_both(
+        pytorch_model, ort_model, loop, input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=NEW_TOKENS
+    )
+    assert torch.equal(actual, expected)
+    assert transformers_loop_runs == expected_loop_runs(loop, ort_model)
+
+
+@pytest.mark.parametrize("name", SEQ2SEQ)
+def test_seq2seq_beam_search_matches_pytorch(load, name):
+    pytorch_model, ort_model = load(OrtModelForSeq2SeqLM, f"seq2seq-{name}")
+    input_ids, attention_mask = right_padded_sources()
+    expected, actual = generate_both(
+        pytorch_model,
+        ort_model,
+        "transformers",
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=NEW_TOKENS,
+        num_beams=4,
+        num_return_sequences=2,
+    )
+    assert torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("name", SEQ2SEQ)
+def test_seq2seq_seeded_sampling_matches_pytorch(load, name, loop):
+    pytorch_model, ort_model = load(OrtModelForSeq2SeqLM, f"seq2seq-{name}")
+    input_ids, attention_mask = right_padded_sources()
+    sampling = dict(do_sample=True, top_p=0.9, num_return_sequences=2, max_new_tokens=NEW_TOKENS)
+    expected, actual = generate_both(
+        pytorch_model, ort_model, loop, input_ids=input_ids, attention_mask=attention_mask, **sampling
+    )
+    assert torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("name", SEQ2SEQ)
+def test_encoder_graph_emits_the_cross_attention_cache_that_the_decoder_reads(load, name):
+    """The encoder graph's cross keys/values equal what PyTorch's decoder caches; forward keeps them, without a copy,
+    in the cross-attention half of the cache and decodes to the PyTorch logits."""
+    pytorch_model, ort_model = load(OrtModelForSeq2SeqLM, f"seq2seq-{name}")
+    input_ids, attention_mask = right_padded_sources()
+    decoder_input_ids = random_ids(3, 4, seed=2)
+    expected = pytorch_model(
+        input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids, use_cache=True
+    )
+    encoder_outputs = ort_model.get_encoder()(input_ids, attention_mask=attention_mask)
+    source = attention_mask.bool()
+    assert (encoder_outputs.last_hidden_state - expected.encoder_last_hidden_state)[source].abs().max() < TOLERANCE
+    cross_cache = expected.past_key_values.cross_attention_cache
+    pytorch_cross = [tensor for layer in cross_cache.layers for tensor in (layer.keys, layer.values)]
+    assert len(encoder_outputs.cross_key_values) == len(pytorch_cross)
+    for ort_tensor, pytorch_tensor in zip(encoder_outputs.cross_key_values, pytorch_cross):
+        assert (ort_tensor - pytorch_tensor).abs().amax(dim=(1, 3))[source].max() < TOLERANCE
+
+    actual = ort_model(
+        attention_mask=attention_mask, decoder_input_ids=decoder_input_ids, encoder_outputs=encoder_outputs
+    )
+    assert (actual.logits - expected.logits).abs().max() < TOLERANCE
+    kept = actual.past_key_values.cross_attention_cache.layers[0].keys
+    assert kept.data_ptr() == encoder_outputs.cross_key_values[0].data_ptr()
+    assert all(actual.past_key_values.is_updated.values())
+    # A step through the cache reads the cached cross keys/values, not the (here deliberately absent) encoder output.
+    next_ids = expected.logits[:, -1].argmax(-1, keepdim=True)
+    expected = pytorch_model(
+        attention_mask=attention_mask,
+        decoder_input_ids=next_ids,
+        encoder_outputs=(expected.encoder_last_hidden_state,),
+        past_key_values=expected.past_key_values,
+    )
+    actual = ort_model(
+        attention_mask=attention_mask,
+        decoder_input_ids=next_ids,
+        encoder_outputs=BaseModelOutput(last_hidden_state=encoder_outputs.last_hidden_state),
+        past_key_values=actual.past_key_values,
+    )
+    assert (actual.logits - expected.logits).abs().max() < TOLERANCE
+
+
+# ----------------------------------------------------------------------------------- IO binding (on the CPU)
+
+
+def test_io_binding_writes_the_cache_into_preallocated_buffers(load):
+    """The CUDA path, exercised on the CPU: each step's cache lands in one of two preallocated buffers (the one not
+    holding the past), and results equal the unbound session's."""
+    pytorch_model, ort_model = load(OrtModelForCausalLM, "decoder-rope-gqa", use_io_binding=True)
+    _, unbound = load(OrtModelForCausalLM, "decoder-rope-gqa")
+    input_ids, attention_mask = left_padded_prompts()
+    output = ort_model(input_ids, attention_mask=attention_mask)
+    reference = unbound(input_ids, attention_mask=attention_mask)
+    # Logits live in memory ONNX Runtime allocated and torch shares (DLPack): it must outlive the session's output.
+    first_logits, first_logits_copy = output.logits, output.logits.clone()
+    buffers = ort_model.kv_buffers[output.past_key_values]
+    storages = [buffer.untyped_storage().data_ptr() for buffer in buffers.buffers]
+    sides = []
+    for _ in range(3):
+        assert torch.equal(output.logits, reference.logits)
+        keys = [layer.keys for layer in output.past_key_values.layers]
+        assert len({key.untyped_storage().data_ptr() for key in keys}) == 1
+        sides.append(storages.index(keys[0].untyped_storage().data_ptr()))
+        next_ids = reference.logits[:, -1].argmax(-1, keepdim=True)
+        attention_mask = torch.cat([attention_mask, torch.ones_like(next_ids)], dim=-1)
+        output = ort_model(next_ids, attention_mask=attention_mask, past_key_values=output.past_key_values)
+        reference = unbound(next_ids, attention_mask=attention_mask, past_key_values=reference.past_key_values)
+    assert sides == [0, 1, 0]
+    assert torch.equal(first_logits, first_logits_copy)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_io_binding_generation_matches_pytorch(load, loop):
+    for ort_class, name, prompts in (
+        (OrtModelForCausalLM, "decoder-rope-gqa", left_padded_prompts),
+        (OrtModelForSeq2SeqLM, "seq2seq-relative_bias-gqa", right_padded_sources),
+    ):
+        pytorch_model, ort_model = load(ort_class, name, use_io_binding=True)
+        input_ids, attention_mask = prompts()
+        for strategy in (dict(), dict(num_beams=3)):
+            expected, actual = generate_both(
+                pytorch_model,
+                ort_model,
+                loop,
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=NEW_TOKENS,
+                **strategy,
+            )
+            assert torch.equal(actual, expected), (name, strategy)
+
+
+# --------------------------------------------------------------------------------------------- CUDA, fp16
+
+
+@pytest.mark.parametrize("use_io_binding", [False, True], ids=["session-run", "io-binding"])
+def test_fp16_export_keeps_a_half_precision_cache_and_float32_logits(load, use_io_binding):
+    """On the CPU provider: the cache is allocated, bound and fed back in the manifest's float16, logits come out in
+    float32, and the tokens match PyTorch's (fp32) for this well-separated tiny model."""
+    pytorch_model, ort_model = load(OrtModelForCausalLM, "decoder-fp16", use_io_binding=use_io_binding)
+    assert ort_model.dtype == torch.float16
+    input_ids, attention_mask = left_padded_prompts()
+    output = ort_model(input_ids, attention_mask=attention_mask)
+    assert output.logits.dtype == torch.float32
+    assert {layer.keys.dtype for layer in output.past_key_values.layers} == {torch.float16}
+    expected = pytorch_model(input_ids, attention_mask=attention_mask, position_ids=attention_mask.cumsum(-1) - 1)
+    real = attention_mask.bool()
+    assert (output.logits - expected.logits)[real].abs().max() < 2e-2
+    for loop in LOOPS:
+        for strategy in (dict(), dict(num_beams=3)):
+            expected, actual = generate_both(
+                pytorch_model,
+                ort_model,
+                loop,
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=NEW_TOKENS,
+                **strategy,
+            )
+            assert torch.equal(actual, expected), (loop, strategy)
+
+
+@needs_cuda
+@pytest.mark.parametrize(
+    "ort_class, name, prompts",
+    [
+        (OrtModelForCausalLM, "decoder-rope-gqa", left_padded_prompts),
+        (OrtModelForSeq2SeqLM, "seq2seq-relative_bias-gqa", right_padded_sources),
+    ],
+)
+def test_cuda_generation_matches_pytorch_and_keeps_the_cache_on_the_gpu(load, ort_class, name, prompts):
+    pytorch_model, ort_model = load(ort_class, name, provider="cuda")
+    input_ids, attention_mask = prompts()
+    for loop in LOOPS:
+        for strategy in (dict(), dict(num_beams=3)):
+            expected, actual = generate_both(
+                pytorch_model,
+                ort_model,
+                loop,
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=NEW_TOKENS,
+                **strategy,
+            )
+            assert torch.equal(actual.cpu(), expected), (loop, strategy)
+    output = ort_model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        **({"decoder_input_ids": random_ids(3, 2)} if ort_class is OrtModelForSeq2SeqLM else {}),
+    )
+    cache = getattr(output.past_key_values, "self_attention_cache", output.past_key_values)
+    assert cache.layers[0].keys.is_cuda and output.logits.is_cuda
+
+
+@needs_cuda
+def test_fp16_cuda_export_generates_like_pytorch_in_half_precision(tmp_path):
+    config = tiny_decoder_config(**DECODERS["rope-gqa"])
+    export_onnx(build_model(VaswaniForCausalLM, config), tmp_path, task="text-generation", dtype="fp16", device="cuda")
+    ort_model = OrtModelForCausalLM.from_pretrained(tmp_path, provider="cuda")
+    assert ort_model.dtype == torch.float16
+    half = build_model(VaswaniForCausalLM, config).to("cuda", torch.float16)  # the same seeded weights
+    input_ids, attention_mask = (tensor.cuda() for tensor in left_padded_prompts())
+    positions = attention_mask.cumsum(-1) - 1
+    expected = half(input_ids, attention_mask=attention_mask, position_ids=positions).logits.float()
+    actual = ort_model(input_ids, attention_mask=attention_mask)
+    assert actual.logits.dtype == torch.float32 and actual.past_key_values.layers[0].keys.dtype == torch.float16
+    assert actual.past_key_values.layers[0].keys.is_cuda
+    assert (actual.logits - expected)[attention_mask.bool()].abs().max() < 2e-2
+    expected, actual = generate_both(
+        half, ort_model, "lean", input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=NEW_TOKENS
+    )
+    assert torch.equal(actual, expected)

@@ -1,0 +1,297 @@
+"""Export vaswani models to ONNX folders that plain ONNX Runtime can drive, validated against PyTorch.
+
+`export_onnx` runs the whole pipeline: pick the task's module (`tasks.py`) and its graphs (`wrappers.py`), trace each
+with `torch.onnx.export(dynamo=True)` in the export-only formulations (`formulations.py`), post-process
+(`postprocess.py`), write the manifest and side files (`contract.py`), validate (`validation.py`), and only then move
+the folder into place.
+
+Example:
+    >>> from vaswani.conversion import export_onnx
+    >>> result = export_onnx("my-decoder", "my-decoder-onnx", task="text-generation")  # or a model object
+    >>> print(result.validation)  # max abs diff per output, ONNX Runtime vs PyTorch, on fresh shapes
+    >>> result.manifest["graphs"]["model"]["inputs"][0]
+    {'name': 'input_ids', 'dtype': 'int64', 'shape': ['batch', 'sequence']}
+
+Opsets: on the CPU the default is `LLM_OPSET` (23), where each self-attention becomes ONNX's Attention and
+RotaryEmbedding ops; elsewhere, or below it, attention exports as the eager math. Scores and softmax are float32
+either way, also in fp16 exports.
+"""
+
+import logging
+import os
+import shutil
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import onnx_ir
+import onnxruntime as ort
+import torch
+from transformers import GenerationConfig, PreTrainedConfig, PreTrainedModel
+
+from ...folders import check_output_folder, staged_folder
+from .contract import (
+    DTYPES,
+    PAST_PLUS_SEQUENCE,
+    GraphSpec,
+    TensorSpec,
+    build_manifest,
+    example_inputs,
+    graph_io,
+    save_graph,
+    write_manifest,
+)
+from .formulations import LLM_OPSET, exporting_formulations
+from .postprocess import QUANTIZATIONS, optimize_graph, quantize_graph
+from .tasks import GENERATION_TASKS, cast_model, family_of, infer_task, load_for_task, task_model
+from .validation import ValidationReport, validate_onnx_export
+from .wrappers import build_graph_specs
+
+DEVICES = ("cpu", "cuda")
+
+# Sizes of the dynamic axes while tracing: all >= 2 and all different, so that torch.export neither specializes an
+# axis to 0/1 nor unifies two axes that merely happen to be equal.
+TRACE_SIZES = {"batch": 2, "sequence": 3, "past_sequence": 4, "encoder_sequence": 5}
+
+# Copied from the source folder, so that the export is a complete model folder.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+Progress = Callable[[str], None] | None
+
+
+@contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """Silence the exporter's chatter (missing torchvision ops, axis-renaming notes); errors still raise."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def export_graph(spec: GraphSpec, config: PreTrainedConfig, device: str, opset: int | None) -> onnx_ir.Model:
+    """Trace one graph with `torch.onnx.export(dynamo=True)` and name its axes as the spec says."""
+    generator = torch.Generator().manual_seed(0)
+    tensors = example_inputs(spec.inputs, TRACE_SIZES, config, generator)
+    tensors = {name: tensor.to(device) for name, tensor in tensors.items()}
+    dims = {name: torch.export.Dim(name) for name in TRACE_SIZES}
+    # The mask length is past + sequence; torch.export infers that relation itself.
+    dims[PAST_PLUS_SEQUENCE] = torch.export.Dim.DYNAMIC
+
+    def structured(make: Callable[[TensorSpec], object]) -> tuple:
+        return tuple(
+            None
+            if argument is None
+            else tuple(make(leaf) for leaf in argument)
+            if isinstance(argument, tuple)
+            else make(argument)
+            for argument in spec.arguments
+        )
+
+    args = structured(lambda leaf: tensors[leaf.name])
+    dynamic_shapes = structured(
+        lambda leaf: {axis: dims[name] for axis, name in enumerate(leaf.shape) if isinstance(name, str)}
+    )
+    llm_ops = opset is not None and opset >= LLM_OPSET
+    with torch.no_grad(), exporting_formulations(spec.module, llm_ops), _quiet_exporter():
+        program = torch.onnx.export(
+            spec.module,
+            args,
+            dynamo=True,
+            dynamic_shapes=dynamic_shapes,
+            input_names=[leaf.name for leaf in spec.inputs],
+            output_names=[leaf.name for leaf in spec.outputs],
+            opset_version=opset,
+            optimize=True,
+            verbose=False,
+        )
+    model = program.model
+    for node in model.graph.all_nodes():
+        # The exporter annotates nodes with stack traces and local source paths: not for a shipped artifact.
+        node.metadata_props.clear()
+    _name_axes(model.graph.inputs, spec.inputs, spec.name)
+    _name_axes(model.graph.outputs, spec.outputs, spec.name)
+    return model
+
+
+def _name_axes(values: list[onnx_ir.Value], specs: list[TensorSpec], graph: str) -> None:
+    """Give the graph's I/O the contract's axis names (the exporter names them after its own symbols)."""
+    if [value.name for value in values] != [spec.name for spec in specs]:
+        raise RuntimeError(f"Graph {graph!r} has I/O {[v.name for v in values]}, expected {[s.name for s in specs]}.")
+    for value, spec in zip(values, specs):
+        exported = list(value.shape.dims)
+        for axis, (have, want) in enumerate(zip(exported, spec.shape)):
+            if isinstance(want, str) and isinstance(have, int):
+                raise RuntimeError(
+                    f"Graph {graph!r}: axis {axis} ({want}) of {spec.name} was specialized to {have} while tracing; "
+                    f"the model takes a branch on that size."
+                )
+            if isinstance(want, int) and have != want:
+                raise RuntimeError(f"Graph {graph!r}: {spec.name} has shape {exported}, expected {list(spec.shape)}.")
+        value.shape = onnx_ir.Shape(list(spec.shape))
+
+
+def _write_side_files(folder: Path, model: PreTrainedModel, task: str, source: Path | None) -> None:
+    """config.json, generation_config.json (generation tasks) and the tokenizer files of the source folder."""
+    model.config.to_json_file(folder / "config.json")
+    if task in GENERATION_TASKS:
+        generation_config = getattr(model, "generation_config", None) or GenerationConfig.from_model_config(
+            model.config
+        )
+        generation_config.to_json_file(folder / "generation_config.json")
+    if source is None and getattr(model, "name_or_path", None) and Path(model.name_or_path).is_dir():
+        source = Path(model.name_or_path)
+    if source is not None:
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file():
+                shutil.copy2(source / name, folder / name)
+
+
+@dataclass
+class ExportResult:
+    """What `export_onnx` wrote: the folder, its manifest and the validation report (None when not validated)."""
+
+    folder: Path
+    manifest: dict
+    validation: ValidationReport | None
+
+
+def export_onnx(
+    model_or_folder: PreTrainedModel | str | os.PathLike,
+    output_dir: str | os.PathLike,
+    task: str | None = None,
+    *,
+    dtype: str = "fp32",
+    device: str = "cpu",
+    optimize: bool = False,
+    quantize: str | None = None,
+    overwrite: bool = False,
+    validate: bool = True,
+    tolerance: float | None = None,
+    opset: int | None = None,
+    progress: Progress = None,
+) -> ExportResult:
+    """Export a vaswani model (or a saved folder) to an ONNX folder, validated against PyTorch.
+
+    Args:
+        model_or_folder: a vaswani model, or a folder saved with `save_pretrained` (its tokenizer is copied too).
+        output_dir: the folder to write; built beside it and moved into place only once complete and validated.
+        task: a transformers pipeline task (`SUPPORTED_TASKS` per family); defaults to the model's head's task.
+        dtype: "fp32" or "fp16" (fp16: half weights, KV cache and hidden states; float32 logits and softmax).
+        device: where to trace and validate, "cpu" or "cuda" (validation then runs ONNX Runtime's CUDA provider).
+        optimize: save the graphs after ONNX Runtime's extended graph optimizations (fusions).
+        quantize: "int8" for dynamic int8 quantization of every MatMul, LM head included (CPU, fp32 only).
+        overwrite: replace a non-empty `output_dir` (only after the new export succeeded).
+        validate: compare ONNX Runtime with PyTorch on fresh shapes and raise `OnnxValidationError` past the
+            tolerance (then nothing is installed). Turn off only to inspect a graph that fails.
+        tolerance: override the default tolerance (`TOLERANCES`: absolute for fp32, relative to scale otherwise).
+        opset: ONNX opset. Default: `LLM_OPSET` on the CPU, where its Attention and RotaryEmbedding ops run
+            fastest; the exporter's own default for CUDA (20 with torch 2.13), where those ops are not validated
+            yet. Below `LLM_OPSET`, attention and rotary export as plain math (more, smaller nodes).
+        progress: called with a line of text at each stage (the CLI prints them).
+
+    Example:
+        >>> result = export_onnx(model, "out", task="text-generation", quantize="int8")
+        >>> result.manifest["quantization"]
+        'int8-dynamic'
+    """
+    say = progress or (lambda message: None)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported; use one of {sorted(DTYPES)}.")
+    if device not in DEVICES:
+        raise ValueError(f"device={device!r} is not supported; use 'cpu' or 'cuda'.")
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise ValueError(f"quantize={quantize!r} is not supported; use 'int8' or None.")
+    if quantize is not None and (dtype != "fp32" or device != "cpu"):
+        raise ValueError(
+            "int8 dynamic quantization targets the CPU from an fp32 graph: use dtype='fp32', device='cpu'."
+        )
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' needs a CUDA build of torch and a GPU; export on 'cpu' instead.")
+    if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise ValueError("device='cuda' validates on ONNX Runtime's CUDA provider: install onnxruntime-gpu.")
+    if opset is None and device == "cpu":
+        opset = LLM_OPSET
+    output_dir = Path(output_dir)
+    check_output_folder(output_dir, overwrite)
+
+    source = None
+    if isinstance(model_or_folder, (str, os.PathLike)):
+        source = Path(model_or_folder)
+        say(f"Loading {source}")
+        model, task = load_for_task(source, task)
+    else:
+        model = model_or_folder
+        task = task or infer_task(model)
+    module = task_model(model, task)
+    family = family_of(module.config)
+    export_model = cast_model(module, DTYPES[dtype], device)
+    specs = build_graph_specs(export_model, task, DTYPES[dtype])
+
+    with staged_folder(output_dir) as staging:
+        graphs = {}
+        for spec in specs:
+            say(f"Exporting graph {spec.name!r} with torch.onnx.export(dynamo=True)")
+            save_graph(export_graph(spec, export_model.config, device, opset), staging / spec.file)
+            # Quantization first: the quantizer's shape inference cannot see through ONNX Runtime's fused ops.
+            if quantize:
+                say(f"Quantizing graph {spec.name!r} (int8 dynamic)")
+                quantize_graph(staging / spec.file)
+            if optimize:
+                say(f"Optimizing graph {spec.name!r} (ONNX Runtime, extended level)")
+                optimize_graph(staging / spec.file, device)
+            graphs[spec.name] = graph_io(staging / spec.file)
+        manifest = build_manifest(
+            task=task,
+            family=family,
+            model=module,
+            dtype=dtype,
+            quantization=QUANTIZATIONS.get(quantize),
+            optimized=optimize,
+            opset=_opset(staging / specs[0].file),
+            device=device,
+            graphs=graphs,
+        )
+        _write_side_files(staging, module, task, source)
+        write_manifest(staging, manifest)
+        report = None
+        if validate:
+            say("Validating against PyTorch on fresh shapes")
+            report = validate_onnx_export(staging, export_model if quantize is None else module, tolerance=tolerance)
+            manifest["validation"] = report.to_json()
+            write_manifest(staging, manifest)
+        for path in staging.iterdir():
+            path.chmod(0o666 & ~_umask())  # some writers create private files; the export is ordinary data
+    say(f"Wrote {output_dir}")
+    return ExportResult(output_dir, manifest, report)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _opset(path: Path) -> int:
+    imports = onnx.load(str(path), load_external_data=False).opset_import
+    return next(entry.version for entry in imports if entry.domain in ("", "ai.onnx"))

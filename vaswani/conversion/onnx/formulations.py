@@ -1,0 +1,146 @@
+"""The formulations vaswani blocks take only while tracing: fewer, fusable ONNX nodes, the same numbers up to float
+rounding (validation checks every export). PyTorch's own code stays the numerical reference.
+
+A new export-only rewrite of a block goes here, switched on inside `exporting_formulations`.
+"""
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+
+import torch
+from torch import nn
+from transformers import PreTrainedConfig
+from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from ...modeling.layers import RMSNorm, VaswaniAttention, eager_attention_forward
+
+# The first ONNX opset with Attention (grouped-query, extending a KV cache) and RotaryEmbedding operators, which ONNX
+# Runtime runs as one kernel each instead of about twenty small nodes per layer (checked with onnxruntime 1.31;
+# older runtimes may lack the kernels).
+LLM_OPSET = 23
+
+
+@contextmanager
+def exporting_formulations(model: nn.Module, llm_ops: bool) -> Iterator[None]:
+    """Trace `model` in formulations that export to few, fusable ONNX nodes; all is restored after the block.
+
+    PyTorch's own code stays the numerical reference (exact parity with transformers); these compute the same up
+    to float rounding, which validation checks on every export:
+    - attention runs through `float32_attention` (eager math, float32 scores) whatever backend the model was
+      loaded with;
+    - RMSNorm divides by the root mean square instead of multiplying by its rsqrt: ONNX Runtime fuses that form
+      into one SimplifiedLayerNormalization node, the other stays six nodes;
+    - with `llm_ops` (opset >= `LLM_OPSET`), self-attention is `llm_self_attention`: ONNX RotaryEmbedding and
+      Attention nodes.
+    RMSNorm and VaswaniAttention are patched on the class, so no other thread may run vaswani models meanwhile.
+    """
+    configs = {
+        id(module.config): module.config
+        for module in model.modules()
+        if isinstance(getattr(module, "config", None), PreTrainedConfig)
+    }
+    saved = {key: config._attn_implementation_internal for key, config in configs.items()}
+    for config in configs.values():
+        config._attn_implementation_internal = EXPORT_ATTENTION
+    try:
+        with ExitStack() as patches:
+            patches.enter_context(_replaced(RMSNorm, "forward", fusable_rms_norm))
+            if llm_ops:
+                patches.enter_context(_replaced(VaswaniAttention, "forward", llm_self_attention))
+            yield
+    finally:
+        for key, config in configs.items():
+            config._attn_implementation_internal = saved[key]
+
+
+@contextmanager
+def _replaced(owner: type, name: str, value: Callable) -> Iterator[None]:
+    original = owner.__dict__[name]
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def float32_attention(module: nn.Module, query, key, value, attention_mask, **kwargs):
+    """Eager attention computed in float32 (fp16 scores overflow), its output cast back to the model's dtype (a
+    no-op in fp32 models). Traced through sdpa instead, some position types failed to export (relative_bias) or
+    gave wrong prompt logits in ONNX Runtime (none); the plain math exports every one faithfully."""
+    mask = attention_mask.float() if attention_mask is not None else None
+    output, probs = eager_attention_forward(module, query.float(), key.float(), value.float(), mask, **kwargs)
+    return output.to(query.dtype), probs
+
+
+EXPORT_ATTENTION = "vaswani_onnx_export"
+ALL_ATTENTION_FUNCTIONS.register(EXPORT_ATTENTION, float32_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(EXPORT_ATTENTION, eager_mask)
+
+
+def fusable_rms_norm(self: RMSNorm, hidden_states: torch.Tensor) -> torch.Tensor:
+    """`RMSNorm.forward` with `x / sqrt(mean(x^2) + eps)` for `x * rsqrt(mean(x^2) + eps)`."""
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states / torch.sqrt(variance + self.eps)
+    return self.weight * hidden_states.to(input_dtype)
+
+
+_vaswani_attention_forward = VaswaniAttention.forward
+
+
+def llm_self_attention(
+    self: VaswaniAttention,
+    hidden_states: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    position_bias: torch.Tensor | None = None,
+    past_key_values: Cache | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """`VaswaniAttention.forward` for self-attention as two ONNX RotaryEmbedding nodes and one Attention node.
+
+    They take the (batch, tokens, heads * head_dim) projections as they come (no head reshapes or transposes),
+    Attention appends the new keys/values to the cache itself and serves each query group from its shared key/value
+    head (no repeat_kv copies), and the mask and position bias (ALiBi, relative) enter as one additive bias. Scores
+    and softmax are float32, as in `float32_attention`. Cross-attention, and a cache this cannot extend (none
+    initialized for the layer), take the original path.
+    """
+    cache = past_key_values
+    if isinstance(cache, EncoderDecoderCache):
+        cache = cache.self_attention_cache
+    layer = cache.layers[self.layer_idx] if cache is not None else None
+    extendable = layer is None or (isinstance(layer, DynamicLayer) and layer.is_initialized)
+    if self.is_cross_attention or not extendable:
+        return _vaswani_attention_forward(
+            self, hidden_states, attention_mask, position_embeddings, position_bias, past_key_values, **kwargs
+        )
+    heads, key_value_heads = self.config.num_attention_heads, self.config.num_key_value_heads
+    query, key, value = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+    if position_embeddings is not None:
+        # The op takes each frequency once (vaswani's cos/sin hold them twice: `cat(freqs, freqs)`), for every row of
+        # the batch (default position ids are one row for all).
+        batch = hidden_states.shape[0]
+        cos, sin = (table[..., : table.shape[-1] // 2].expand(batch, -1, -1) for table in position_embeddings)
+        query = torch.onnx.ops.rotary_embedding(query, cos, sin, num_heads=heads)
+        key = torch.onnx.ops.rotary_embedding(key, cos, sin, num_heads=key_value_heads)
+    bias = attention_mask.float() if attention_mask is not None else None
+    if position_bias is not None:
+        bias = position_bias.float() if bias is None else bias + position_bias.float()
+    past = (layer.keys.float(), layer.values.float()) if layer is not None else (None, None)
+    output, keys, values, _ = torch.onnx.ops.attention(
+        query.float(),
+        key.float(),
+        value.float(),
+        bias,
+        *past,
+        q_num_heads=heads,
+        kv_num_heads=key_value_heads,
+        scale=self.scaling,
+    )
+    if layer is not None:
+        # What `cache.update` would hold: the past and the new keys/values, in the model's dtype.
+        layer.keys, layer.values = keys.to(key.dtype), values.to(value.dtype)
+    return self.o_proj(output.to(hidden_states.dtype)), None

@@ -1,0 +1,209 @@
+"""One exported graph in an ONNX Runtime session (`OrtGraph`): inputs checked against the manifest and fed as torch
+tensors, through `session.run` on the CPU or IO binding (device pointers, no copies) on CUDA; and the session
+options and providers every runtime model uses.
+"""
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+# Manifest dtype names -> (numpy, torch) dtypes.
+TENSOR_DTYPES = {
+    "float32": (np.float32, torch.float32),
+    "float16": (np.float16, torch.float16),
+    "int64": (np.int64, torch.int64),
+    "int32": (np.int32, torch.int32),
+    "bool": (np.bool_, torch.bool),
+}
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+def default_session_options(num_threads: int | None = None) -> ort.SessionOptions:
+    """The session options every model uses unless given others: all graph optimizations, and as many intra-op
+    threads as this process may use cores (`num_threads` to override, e.g. 1 on a machine shared with others)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = num_threads or len(os.sched_getaffinity(0))
+    options.log_severity_level = 3  # errors only: node-placement notes on CUDA are expected and harmless
+    return options
+
+
+def resolve_provider(provider: str) -> str:
+    provider = PROVIDERS.get(provider, provider)
+    if provider not in PROVIDERS.values():
+        raise ValueError(f"provider={provider!r} is not supported; use one of {sorted(PROVIDERS.values())}.")
+    if provider not in ort.get_available_providers():
+        raise ValueError(
+            f"{provider} is not available in this onnxruntime build (available: {ort.get_available_providers()}). "
+            f"For CUDA, install onnxruntime-gpu (pip install 'vaswani[gpu]') instead of onnxruntime."
+        )
+    return provider
+
+
+class OrtGraph:
+    """One exported graph in an ONNX Runtime session, fed and read as torch tensors.
+
+    `prepare` turns user input into the tensors the manifest asks for, or raises an error that names the input;
+    `run` executes the graph. Without IO binding, CPU tensors pass to `session.run` as numpy arrays sharing their
+    memory; with IO binding (always on CUDA) inputs and outputs are bound by device pointer, outputs either into
+    buffers the caller preallocated or into memory ONNX Runtime allocates and torch then shares through DLPack.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        name: str,
+        spec: dict,
+        session: ort.InferenceSession,
+        device: torch.device,
+        use_io_binding: bool,
+        vocab_size: int,
+    ):
+        self.name = name
+        self.vocab_size = vocab_size
+        self.file = spec["file"]
+        self.session = session
+        self.device = device
+        self.use_io_binding = use_io_binding
+        self.inputs = {entry["name"]: entry for entry in spec["inputs"]}
+        self.outputs = {entry["name"]: entry for entry in spec["outputs"]}
+        self.output_names = list(self.outputs)
+        in_graph = {node.name for node in session.get_inputs()}, {node.name for node in session.get_outputs()}
+        for kind, listed, actual in zip(("inputs", "outputs"), (self.inputs, self.outputs), in_graph):
+            if set(listed) != actual:
+                raise ValueError(
+                    f"{folder / self.file} does not match manifest.json: its {kind} are {sorted(actual)} but the "
+                    f"manifest lists {sorted(listed)}. A graph file was replaced after export; export the model again."
+                )
+
+    def prepare(self, values: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Check `values` (torch tensors, numpy arrays or nested lists) against the manifest and return them as
+        contiguous torch tensors on the model's device. Integer ids and masks of another integer (or bool) dtype are
+        converted to int64; floating-point ids, floats of the wrong precision, a wrong rank or mismatched sizes
+        raise an error that names the input."""
+        missing = [name for name in self.inputs if values.get(name) is None]
+        if missing:
+            raise ValueError(f"The {self.name!r} graph needs the inputs {missing}.")
+        tensors = {name: self.convert(name, values[name]) for name in self.inputs}
+        self._check_axes(tensors)
+        if "input_ids" in tensors:
+            self._check_token_ids(tensors["input_ids"])
+        return tensors
+
+    def convert(self, name: str, value: Any) -> torch.Tensor:
+        """One input as the manifest asks for it (see `prepare`, which also checks sizes and token ids once for the
+        whole call); a no-op for a tensor that already is."""
+        spec = self.inputs[name]
+        expected_dtype = TENSOR_DTYPES[spec["dtype"]][1]
+        if isinstance(value, np.ndarray):
+            value = torch.from_numpy(value)
+        elif not isinstance(value, torch.Tensor):
+            try:
+                value = torch.as_tensor(value)
+            except (TypeError, ValueError, RuntimeError) as error:
+                raise TypeError(f"{name} must be a torch tensor or numpy array, got {type(value).__name__}.") from error
+        if value.dtype != expected_dtype:
+            is_integer_expected = not expected_dtype.is_floating_point
+            if is_integer_expected and not (value.dtype.is_floating_point or value.dtype.is_complex):
+                value = value.to(expected_dtype)  # int32 ids, bool masks: same values
+            else:
+                raise TypeError(
+                    f"{name} must have dtype {spec['dtype']} (shape {self._pretty(spec['shape'])}), got {value.dtype}"
+                    + (": token ids and masks are integers." if is_integer_expected else ".")
+                )
+        if value.dim() != len(spec["shape"]):
+            raise ValueError(
+                f"{name} must have {len(spec['shape'])} dimensions {self._pretty(spec['shape'])}, got shape "
+                f"{tuple(value.shape)}."
+            )
+        return value.to(self.device).contiguous()
+
+    def _check_token_ids(self, input_ids: torch.Tensor) -> None:
+        """Ids outside the vocabulary fail here with a message, not in the graph's Gather (CPU tensors only: on a
+        GPU the check would stall the device)."""
+        if input_ids.device.type != "cpu" or not input_ids.numel():
+            return
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= self.vocab_size:
+            raise ValueError(
+                f"input_ids contain token id {high if high >= self.vocab_size else low}, outside the vocabulary "
+                f"[0, {self.vocab_size}). Check that the tokenizer matches the model."
+            )
+
+    def _check_axes(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Static axes must have their exported size; a named axis (batch, sequence, ...) one size across inputs;
+        an axis written as a sum ("past_sequence + sequence") the sum of the sizes of its terms."""
+        sizes: dict[str, tuple[int, str]] = {}
+        sums = []
+        for name, tensor in tensors.items():
+            for axis, (want, have) in enumerate(zip(self.inputs[name]["shape"], tensor.shape)):
+                if isinstance(want, int) and want != have:
+                    raise ValueError(
+                        f"{name} has size {have} on axis {axis} but the graph was exported with {want} there "
+                        f"(expected shape {self._pretty(self.inputs[name]['shape'])}, got {tuple(tensor.shape)})."
+                    )
+                if isinstance(want, str) and "+" in want:
+                    sums.append((name, axis, want, have))
+                elif isinstance(want, str) and sizes.setdefault(want, (have, name))[0] != have:
+                    other_size, other = sizes[want]
+                    raise ValueError(
+                        f"{name} has {want}={have} (shape {tuple(tensor.shape)}) but {other} has {want}={other_size}: "
+                        f"inputs must agree on {want}."
+                    )
+        for name, axis, want, have in sums:
+            terms = [term.strip() for term in want.split("+")]
+            if all(term.isdigit() or term in sizes for term in terms):
+                total = sum(int(term) if term.isdigit() else sizes[term][0] for term in terms)
+                if total != have:
+                    raise ValueError(
+                        f"{name} has size {have} on axis {axis} but needs {want} = {total} "
+                        f"(expected shape {self._pretty(self.inputs[name]['shape'])}, got {tuple(tensors[name].shape)})."
+                    )
+
+    @staticmethod
+    def _pretty(shape: list) -> str:
+        return "(" + ", ".join(str(axis) for axis in shape) + ")"
+
+    def run(
+        self, inputs: dict[str, torch.Tensor], output_buffers: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Run the graph on prepared `inputs`; outputs named in `output_buffers` are written there (IO binding)."""
+        # A no-op for what `prepare` and the graphs produce; a cropped cache (assisted decoding) is a strided view.
+        inputs = {name: tensor.contiguous() for name, tensor in inputs.items()}
+        if not self.use_io_binding:
+            arrays = self.session.run(self.output_names, {name: tensor.numpy() for name, tensor in inputs.items()})
+            return {name: torch.from_numpy(array) for name, array in zip(self.output_names, arrays)}
+        output_buffers = output_buffers or {}
+        binding = self.session.io_binding()
+        device_type, device_id = self.device.type, self.device.index or 0
+        for name, tensor in inputs.items():
+            binding.bind_input(
+                name,
+                device_type,
+                device_id,
+                TENSOR_DTYPES[self.inputs[name]["dtype"]][0],
+                tuple(tensor.shape),
+                tensor.data_ptr(),
+            )
+        for name, spec in self.outputs.items():
+            buffer = output_buffers.get(name)
+            if buffer is None:  # ONNX Runtime allocates it on the device; torch shares it below
+                binding.bind_output(name, device_type, device_id)
+            else:
+                binding.bind_output(
+                    name, device_type, device_id, TENSOR_DTYPES[spec["dtype"]][0], tuple(buffer.shape), buffer.data_ptr()
+                )
+        # Belt and braces for inputs written, and outputs read, by torch on another stream than ONNX Runtime's
+        # (from_pretrained points ORT at torch's current stream; a user may switch streams later).
+        binding.synchronize_inputs()
+        self.session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+        values = binding.get_outputs()
+        return {
+            name: output_buffers[name] if name in output_buffers else torch.from_dlpack(value)
+            for name, value in zip(self.output_names, values)
+        }

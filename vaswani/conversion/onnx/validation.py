@@ -1,0 +1,363 @@
+"""Validation: every output of an exported folder's graphs, run by ONNX Runtime, against the PyTorch model, on shapes
+other than the traced ones. `validate_onnx_export` returns a `ValidationReport` (a Markdown table per output) or
+raises `OnnxValidationError` with it. The tolerance of a new dtype or quantization format goes in `TOLERANCES`.
+"""
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache
+
+from .contract import DTYPES, PAST_PLUS_SEQUENCE, load_manifest, padded_mask, positions_from_mask
+from .session import PROVIDERS
+from .tasks import cast_model, task_model
+
+# Default validation tolerances. fp32: absolute. fp16 and int8: relative to the output's scale (its largest
+# absolute reference value). fp16 keeps 11 significant bits: ONNX Runtime and PyTorch round differently, which shows
+# as 1-2 units in the last place, ~1e-3 of the scale (measured on a 6-layer, 512-wide decoder); 5e-3 allows a few
+# more in deeper models. int8 weights carry ~1% error per matmul, compounding over layers (measured: 2.5-3.5% of the
+# logits' scale on random models); 0.1 catches a broken graph, not a lossy one. int8 quality is judged on a trained
+# model (perplexity), not here.
+TOLERANCES = {"fp32": ("absolute", 1e-4), "fp16": ("relative", 5e-3), "int8-dynamic": ("relative", 0.1)}
+
+
+
+class OnnxValidationError(ValueError):
+    """ONNX Runtime disagrees with PyTorch beyond the tolerance; `report` holds the whole table."""
+
+    def __init__(self, report: "ValidationReport") -> None:
+        self.report = report
+        failing = "\n".join(
+            f"  {row.graph}/{row.output}: max abs diff {row.max_abs_diff:.3g} > allowed "
+            f"{row.allowed:.3g} (case {row.case})"
+            for row in report.failures
+        )
+        super().__init__(f"The ONNX export does not match PyTorch:\n{failing}\n\n{report}")
+
+
+
+@dataclass
+class ValidationRow:
+    """The worst disagreement of one graph output over every validation case."""
+
+    graph: str
+    output: str
+    max_abs_diff: float
+    scale: float  # largest absolute reference value of this output
+    allowed: float
+    case: str  # the case with the largest difference
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.max_abs_diff <= self.allowed)  # False for NaN
+
+
+@dataclass
+class ValidationReport:
+    """Per-output comparison of ONNX Runtime with PyTorch; `str()` is a Markdown table."""
+
+    tolerance: float
+    tolerance_kind: str  # "absolute", or "relative" to each output's scale
+    provider: str
+    rows: list[ValidationRow] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[ValidationRow]:
+        return [row for row in self.rows if not row.passed]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def __str__(self) -> str:
+        lines = [
+            f"Validation against PyTorch ({self.provider}; tolerance {self.tolerance:g}, {self.tolerance_kind}):",
+            "",
+            "| graph | output | max abs diff | allowed | worst case | ok |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {row.graph} | {row.output} | {row.max_abs_diff:.3g} | {row.allowed:.3g} | {row.case} | "
+            f"{'yes' if row.passed else 'NO'} |"
+            for row in self.rows
+        ]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {
+            "tolerance": self.tolerance,
+            "tolerance_kind": self.tolerance_kind,
+            "provider": self.provider,
+            "passed": self.passed,
+            "rows": [
+                {
+                    "graph": row.graph,
+                    "output": row.output,
+                    "max_abs_diff": row.max_abs_diff,
+                    "allowed": row.allowed,
+                    "case": row.case,
+                }
+                for row in self.rows
+            ],
+        }
+
+
+class _Comparison:
+    """Collects, per graph output, the largest difference between ONNX Runtime and PyTorch over the cases, at the
+    positions of real tokens (values at padding are unspecified), and fails any output that is not finite."""
+
+    def __init__(self) -> None:
+        self.worst: dict[tuple[str, str], list] = {}
+
+    def add(
+        self,
+        graph: str,
+        case: str,
+        name: str,
+        actual: np.ndarray,
+        expected: torch.Tensor,
+        keep: torch.Tensor | None,
+        axis: int | None,
+    ) -> None:
+        expected = expected.detach().to("cpu", torch.float64).numpy()
+        actual = actual.astype(np.float64)
+        if actual.shape != expected.shape:
+            raise RuntimeError(f"{graph}/{name} ({case}): ONNX shape {actual.shape}, PyTorch {expected.shape}.")
+        finite = bool(np.isfinite(actual).all())
+        if keep is not None:
+            keep = keep.bool().numpy()
+            actual, expected = np.moveaxis(actual, axis, 1)[keep], np.moveaxis(expected, axis, 1)[keep]
+        diff = float(np.abs(actual - expected).max()) if actual.size else 0.0
+        diff = diff if finite else float("nan")
+        scale = float(np.abs(expected).max()) if expected.size else 0.0
+        entry = self.worst.setdefault((graph, name), [0.0, case, 0.0])
+        if not diff <= entry[0]:  # NaN always replaces
+            entry[0], entry[1] = diff, case
+        entry[2] = max(entry[2], scale)
+
+    def report(self, tolerance: float, kind: str, provider: str) -> ValidationReport:
+        rows = []
+        for (graph, name), (diff, case, scale) in self.worst.items():
+            allowed = tolerance if kind == "absolute" else tolerance * max(scale, 1e-6)
+            rows.append(ValidationRow(graph, name, diff, scale, allowed, case))
+        return ValidationReport(tolerance, kind, provider, rows)
+
+
+def _sequence_axis(shape: list) -> tuple[int, str] | None:
+    """The axis of an output that runs along tokens, and which tokens: (axis, axis name)."""
+    for axis, name in enumerate(shape):
+        if name in ("sequence", PAST_PLUS_SEQUENCE, "encoder_sequence"):
+            return axis, name
+    return None
+
+
+class _GraphRunner:
+    """One ONNX Runtime session, fed only the inputs its manifest lists."""
+
+    def __init__(self, folder: Path, name: str, manifest: dict, provider: str) -> None:
+        self.name, self.graph = name, manifest["graphs"][name]
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(str(folder / self.graph["file"]), options, providers=[provider])
+        self.input_names = [spec["name"] for spec in self.graph["inputs"]]
+        self.inputs = {spec["name"]: spec for spec in self.graph["inputs"]}
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        missing = [name for name in self.input_names if name not in feeds]
+        if missing:
+            raise RuntimeError(f"graph {self.name!r} needs inputs {missing} that validation does not provide")
+        results = self.session.run(None, {name: feeds[name] for name in self.input_names})
+        return {spec["name"]: result for spec, result in zip(self.graph["outputs"], results)}
+
+    def compare(
+        self,
+        comparison: _Comparison,
+        case: str,
+        actual: dict[str, np.ndarray],
+        expected: dict[str, torch.Tensor],
+        masks: dict[str, torch.Tensor],
+    ) -> None:
+        for spec in self.graph["outputs"]:
+            along = _sequence_axis(spec["shape"])
+            keep = axis = None
+            if along is not None:
+                axis, axis_name = along
+                mask = masks[axis_name]
+                keep = mask[:, mask.shape[1] - actual[spec["name"]].shape[axis] :]
+            comparison.add(self.name, case, spec["name"], actual[spec["name"]], expected[spec["name"]], keep, axis)
+
+    def empty_past(self, batch: int) -> dict[str, np.ndarray]:
+        """Zero-length past tensors: the prompt call."""
+        return {
+            name: np.zeros((batch, spec["shape"][1], 0, spec["shape"][3]), dtype=spec["dtype"])
+            for name, spec in self.inputs.items()
+            if name.startswith("past_key_values.")
+        }
+
+
+def _numpy(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    return {name: tensor.detach().cpu().numpy() for name, tensor in tensors.items()}
+
+
+def _named_cache(prefix: str, cache: Cache) -> dict[str, torch.Tensor]:
+    return {
+        f"{prefix}.{layer}.{kind}": tensor
+        for layer, layer_cache in enumerate(cache.layers)
+        for kind, tensor in (("key", layer_cache.keys), ("value", layer_cache.values))
+    }
+
+
+def _present_feeds(outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {
+        name.replace("present.", "past_key_values.", 1): value
+        for name, value in outputs.items()
+        if name.startswith("present.")
+    }
+
+
+def validate_onnx_export(
+    folder: str | os.PathLike, model: PreTrainedModel, *, tolerance: float | None = None, seed: int = 0
+) -> ValidationReport:
+    """Compare every output of an exported folder's graphs, run by ONNX Runtime, with PyTorch `model`.
+
+    Inputs are random, with sizes other than the traced ones (batch 3, new tokens 7 then 5 then 1, so past 0, 7 and
+    12), left- and right-padded rows, and a batch-1 single-token call; generation graphs are driven like generate
+    (the prompt with an empty past, then each call fed the previous presents). Values at padding positions are not
+    compared (they are unspecified), but every output must be finite everywhere.
+
+    `model` is the PyTorch model exported (any dtype: it is cast to the export's; an int8 export is compared with
+    float32). The tolerance defaults to `TOLERANCES` for the export's dtype/quantization: absolute for fp32,
+    relative to each output's largest reference value otherwise. Returns the report; raises `OnnxValidationError`
+    (a ValueError) listing the failing outputs if any exceeds it.
+
+    Example:
+        >>> print(validate_onnx_export("exported", model))
+    """
+    folder = Path(folder)
+    manifest = load_manifest(folder)
+    task, dtype = manifest["task"], manifest["dtype"]
+    kind, default = TOLERANCES[manifest["quantization"] or dtype]
+    tolerance = default if tolerance is None else tolerance
+    device = "cuda" if manifest.get("device") == "cuda" else "cpu"
+    provider = PROVIDERS[device]
+    reference = cast_model(task_model(model, task), DTYPES[dtype], device)
+    runners = {name: _GraphRunner(folder, name, manifest, provider) for name in manifest["graphs"]}
+    generator = torch.Generator().manual_seed(seed)
+    comparison = _Comparison()
+    with torch.no_grad():
+        if manifest["family"] == "seq2seq":
+            _validate_seq2seq(runners, reference, comparison, generator, device)
+        elif task == "text-generation":
+            _validate_causal_lm(runners["model"], reference, comparison, generator, device)
+        else:
+            _validate_task_outputs(runners["model"], reference, comparison, generator, device)
+    report = comparison.report(tolerance, kind, provider)
+    if not report.passed:
+        raise OnnxValidationError(report)
+    return report
+
+
+def _random_ids(batch: int, length: int, vocab_size: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, vocab_size, (batch, length), generator=generator)
+
+
+def _on(device: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: tensor.to(device) for name, tensor in tensors.items()}
+
+
+def _validate_task_outputs(runner, model, comparison, generator, device) -> None:
+    config = model.config
+    for case, (batch, length) in (("batch 3, padded", (3, 5)), ("batch 1", (1, 2))):
+        inputs = {
+            "input_ids": _random_ids(batch, length, config.vocab_size, generator),
+            "attention_mask": padded_mask(batch, length),
+        }
+        if "token_type_ids" in runner.inputs:
+            inputs["token_type_ids"] = torch.randint(0, config.type_vocab_size, (batch, length), generator=generator)
+        actual = runner.run(_numpy(inputs))
+        kwargs = {"use_cache": False} if config.model_type == "vaswani_decoder" else {}
+        outputs = model(**_on(device, inputs), **kwargs)
+        expected = {name: getattr(outputs, name) for name in actual}
+        runner.compare(comparison, case, actual, expected, {"sequence": inputs["attention_mask"]})
+
+
+def _validate_causal_lm(runner, model, comparison, generator, device) -> None:
+    vocab = model.config.vocab_size
+    for batch, steps in ((3, (7, 5, 1)), (1, (1,))):
+        mask = torch.zeros(batch, 0, dtype=torch.long)
+        cache, past = None, runner.empty_past(batch)
+        for length in steps:
+            new_mask = (
+                padded_mask(batch, length, right=False)
+                if not mask.shape[1]
+                else torch.ones(batch, length, dtype=torch.long)
+            )
+            mask = torch.cat([mask, new_mask], dim=1)
+            inputs = {
+                "input_ids": _random_ids(batch, length, vocab, generator),
+                "attention_mask": mask,
+                "position_ids": positions_from_mask(mask)[:, -length:],
+            }
+            actual = runner.run({**_numpy(inputs), **past})
+            outputs = model(**_on(device, inputs), past_key_values=cache, use_cache=True)
+            cache = outputs.past_key_values
+            expected = {"logits": outputs.logits, **_named_cache("present", cache)}
+            case = f"batch {batch}, past {mask.shape[1] - length}, new {length}"
+            runner.compare(comparison, case, actual, expected, {"sequence": mask, PAST_PLUS_SEQUENCE: mask})
+            past = _present_feeds(actual)
+
+
+def _validate_seq2seq(runners, model, comparison, generator, device) -> None:
+    vocab = model.config.vocab_size
+    encoder, decoder = runners["encoder"], runners.get("decoder")
+    for batch, source_length, steps in ((3, 6, (3, 5, 1)), (1, 2, (1,))):
+        source = {
+            "input_ids": _random_ids(batch, source_length, vocab, generator),
+            "attention_mask": padded_mask(batch, source_length),
+        }
+        encoded = encoder.run(_numpy(source))
+        encoder_outputs = model.get_encoder()(**_on(device, source))
+        case = f"batch {batch}, source {source_length}"
+        masks = {"encoder_sequence": source["attention_mask"]}
+        if decoder is None:
+            expected = {"last_hidden_state": encoder_outputs.last_hidden_state}
+            encoder.compare(comparison, case, encoded, expected, masks)
+            continue
+        cache, past, seen = None, decoder.empty_past(batch), 0
+        cross = {name: value for name, value in encoded.items() if name.startswith("cross_key_values.")}
+        for length in steps:
+            ids = _random_ids(batch, length, vocab, generator)
+            actual = decoder.run(
+                {"input_ids": ids.numpy(), "encoder_attention_mask": source["attention_mask"].numpy(), **cross, **past}
+            )
+            outputs = model(
+                attention_mask=source["attention_mask"].to(device),
+                decoder_input_ids=ids.to(device),
+                encoder_outputs=encoder_outputs,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache = outputs.past_key_values
+            if seen == 0:
+                # PyTorch projected the cross keys/values inside the decoder: an independent check of the encoder graph.
+                expected = {
+                    "last_hidden_state": encoder_outputs.last_hidden_state,
+                    **_named_cache("cross_key_values", cache.cross_attention_cache),
+                }
+                encoder.compare(comparison, case, encoded, expected, masks)
+            targets = torch.ones(batch, seen + length, dtype=torch.long)
+            expected = {"logits": outputs.logits, **_named_cache("present", cache.self_attention_cache)}
+            decoder.compare(
+                comparison,
+                f"{case}, past {seen}, new {length}",
+                actual,
+                expected,
+                {**masks, "sequence": targets, PAST_PLUS_SEQUENCE: targets},
+            )
+            past, seen = _present_feeds(actual), seen + length
