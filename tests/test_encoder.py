@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import (
     POSITION_TYPES,
+    TINY_ENCODER,
     build_model,
     max_diff_where,
     padding_mask,
@@ -23,6 +24,8 @@ from transformers import (
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
+    BertConfig,
+    BertForMaskedLM,
     pipeline,
 )
 
@@ -219,16 +222,52 @@ def test_sdpa_matches_eager(position_embedding_type, side):
     assert max_diff_where(mask, actual, expected) <= TOLERANCE
 
 
-@pytest.mark.parametrize("position_embedding_type", POSITION_TYPES)
-def test_flex_attention_matches_eager(position_embedding_type, fresh_dynamo):
-    eager = masked_lm(position_embedding_type)
-    flex = with_attention_backend(eager, "flex_attention")
-    input_ids = random_ids(3, LENGTH)
+# torch's CPU flex_attention kernel is compiled per CPU, and its numerics differ between instruction sets: on AVX2-only
+# CPUs (no AVX-512) torch 2.13 returns wrong values, even NaN, for heads narrower than about 24 at short lengths,
+# in transformers' own BERT exactly as in ours. The flex cases therefore use 32-wide heads (2 query heads sharing one
+# key/value head), and judge ours against transformers' BertForMaskedLM run the same way on the same machine.
+FLEX_SHAPE = dict(hidden_size=64, num_attention_heads=2, intermediate_size=128)
+
+
+def flex_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """A full, a left-padded and a right-padded row in one batch (one flex compile instead of three)."""
     mask = torch.cat([padding_mask([LENGTH, 5], LENGTH, "left"), padding_mask([3], LENGTH, "right")])
+    return random_ids(3, LENGTH), mask
+
+
+def flex_vs_eager(eager_model, input_ids: torch.Tensor, mask: torch.Tensor) -> float:
+    """Max difference between the flex_attention twin of `eager_model` and the model itself, over real tokens."""
+    flex = with_attention_backend(eager_model, "flex_attention")
     with torch.no_grad():
-        expected = eager(input_ids, attention_mask=mask).logits
+        expected = eager_model(input_ids, attention_mask=mask).logits
         actual = flex(input_ids, attention_mask=mask).logits
-    assert max_diff_where(mask, actual, expected) <= TOLERANCE
+    assert torch.isfinite(actual[mask.bool()]).all(), "flex_attention gave non-finite logits for real tokens"
+    return max_diff_where(mask, actual, expected)
+
+
+@pytest.fixture(scope="module")
+def bert_flex_deviation() -> float:
+    """How far transformers' own BertForMaskedLM with flex_attention lands from its eager twin on this CPU, same shapes.
+
+    The oracle for this machine's flex kernel: ours may deviate as much as BERT does, and no more."""
+    torch._dynamo.reset()
+    config = BertConfig(
+        vocab_size=TINY_ENCODER["vocab_size"],
+        num_hidden_layers=TINY_ENCODER["num_hidden_layers"],
+        max_position_embeddings=TINY_ENCODER["max_position_embeddings"],
+        initializer_range=TINY_ENCODER["initializer_range"],
+        **FLEX_SHAPE,
+    )
+    deviation = flex_vs_eager(build_model(BertForMaskedLM, config), *flex_batch())
+    torch._dynamo.reset()
+    return deviation
+
+
+@pytest.mark.parametrize("position_embedding_type", POSITION_TYPES)
+def test_flex_attention_matches_eager(position_embedding_type, bert_flex_deviation, fresh_dynamo):
+    config = tiny_encoder_config(position_embedding_type=position_embedding_type, num_key_value_heads=1, **FLEX_SHAPE)
+    deviation = flex_vs_eager(build_model(VaswaniForMaskedLM, config), *flex_batch())
+    assert deviation <= max(TOLERANCE, 2 * bert_flex_deviation)
 
 
 def test_padding_changes_real_positions_far_beyond_the_parity_tolerance():
