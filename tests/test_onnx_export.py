@@ -1,7 +1,7 @@
 """ONNX export: every family and task, each position type and attention shape, exported with
 `torch.onnx.export(dynamo=True)` and run by ONNX Runtime against PyTorch on shapes other than the traced ones
 (validation is part of every export); the graphs drive greedy generation to PyTorch's tokens with plain ONNX Runtime;
-int8 quantizes every weight matmul, the tied LM head included; the command line exits 0/1/2 and never leaves a
+int8 and int4 quantize every weight matmul, the tied LM head included (in 8 bits); the command line exits 0/1/2 and never leaves a
 half-written or replaced folder behind. The folder's contract is tested in test_onnx_contract.py, validation failures
 in test_onnx_validation.py.
 
@@ -288,13 +288,17 @@ def decoder_folder(tmp_path):
     return model, tmp_path / "model"
 
 
-def test_cli_int8_export_quantizes_every_weight_matmul_and_replaces_the_folder(decoder_folder, tmp_path, capsys):
+@pytest.mark.parametrize("quantize, body_bits", [("int8", 8), ("int4", 4)])
+def test_cli_quantized_export_quantizes_every_weight_matmul_and_replaces_the_folder(
+    decoder_folder, tmp_path, capsys, quantize, body_bits
+):
     model, source = decoder_folder
     output = tmp_path / "out"
     output.mkdir()
     (output / "old.txt").write_text("previous export")
 
-    assert main(["export", "--model", str(source), "--output", str(output), "--quantize", "int8", "--overwrite"]) == 0
+    arguments = ["export", "--model", str(source), "--output", str(output), "--quantize", quantize, "--overwrite"]
+    assert main(arguments) == 0
     out, err = capsys.readouterr()
     assert "Exporting graph 'model'" in err and "Quantizing" in err
     assert "| model | logits |" in out  # the validation table ends the output
@@ -303,9 +307,10 @@ def test_cli_int8_export_quantizes_every_weight_matmul_and_replaces_the_folder(d
     manifest = load_manifest(output)
     assert (manifest["task"], manifest["quantization"], manifest["dtype"]) == (
         "text-generation",
-        "int8-dynamic",
+        f"{quantize}-weight-only",
         "fp32",
     )
+    assert manifest["quantization_options"]["block_size"] == 32
     assert (output / "tokenizer.json").is_file() and (output / "tokenizer_config.json").is_file()
 
     graph = onnx.load(str(output / "model.onnx"), load_external_data=False).graph
@@ -320,8 +325,14 @@ def test_cli_int8_export_quantizes_every_weight_matmul_and_replaces_the_folder(d
     ]
     assert float_weight_matmuls == []
     linear_layers = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
-    quantized = [node for node in graph.node if node.op_type in ("MatMulInteger", "DynamicQuantizeMatMul")]
+    quantized = [node for node in graph.node if node.op_type == "MatMulNBits"]
     assert len(quantized) == len(linear_layers)  # q, k, v, o, up, down and the tied LM head
+    attributes = [{a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} for node in quantized]
+    body = [node for node in attributes if node["bits"] == body_bits]
+    head = [node for node in attributes if node["bits"] == 8]
+    # The head stays in 8 bits whatever the body's width: its errors reach the logits undamped.
+    assert len(head) == 1 if body_bits != 8 else len(body) == len(quantized)
+    assert head[-1]["N"] == model.config.vocab_size and head[-1]["K"] == model.config.hidden_size
     # The float32 interface is unchanged.
     assert {spec["dtype"] for spec in manifest["graphs"]["model"]["outputs"]} == {"float32"}
 

@@ -1,20 +1,28 @@
 """Validation catches a wrong graph: against another model's weights, or with a graph whose embedding is off by noise,
 ONNX Runtime disagrees with PyTorch, the report names the failing outputs, and `vaswani export` exits 1 without
-writing a folder.
+writing a folder. Its tolerances scale with each output's magnitude and the model's depth: a deep model at trained-like
+scales exports with default options, while an ignored mask, a dropped rotary or one corrupted weight still fail.
 """
+
+import shutil
 
 import numpy as np
 import pytest
-from conftest import build_model
+from conftest import build_model, tiny_decoder_config
 
-pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
 onnx_ir = pytest.importorskip("onnx_ir")
 
 from vaswani import VaswaniForCausalLM  # noqa: E402
 from vaswani.cli import main  # noqa: E402
-from vaswani.conversion.onnx import OnnxValidationError, validate_onnx_export  # noqa: E402
+from vaswani.conversion.onnx import (  # noqa: E402
+    OnnxValidationError,
+    formulations,  # noqa: E402
+    validate_onnx_export,
+)
 from vaswani.conversion.onnx import export as onnx_export  # noqa: E402
+from vaswani.conversion.onnx.contract import save_graph  # noqa: E402
 
 pytest_plugins = ["onnx_cases"]  # the shared `exported` fixture
 
@@ -49,3 +57,81 @@ def test_cli_exits_1_and_writes_nothing_when_the_graph_is_wrong(exported, tmp_pa
     assert "| model | logits |" in out and "| NO |" in out
     assert "nothing was written" in err
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model"]
+
+
+# ------------------------------------------------------------------- tolerances that scale with depth and magnitude
+
+# A deep model at trained-like scales: 24 layers, LLaMA-style (RMSNorm, SwiGLU, GQA, tied embeddings, rope theta 1e5
+# as SmolLM2), weights wide enough that logits reach tens, as a trained model's do. Float32 rounding differences grow
+# with both, which a fixed absolute tolerance (1e-4 before) mistook for defects in a real 30-layer checkpoint.
+DEEP = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=24,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    norm_type="rmsnorm",
+    gated_ffn=True,
+    hidden_act="silu",
+    attention_bias=False,
+    mlp_bias=False,
+    rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+    initializer_range=0.08,
+)
+
+
+def deep_model(num_hidden_layers: int) -> VaswaniForCausalLM:
+    model = build_model(VaswaniForCausalLM, tiny_decoder_config(**{**DEEP, "num_hidden_layers": num_hidden_layers}))
+    # A trained model's final norm gains reach several units (SmolLM2-135M: logits of scale ~20); random init has 1.
+    model.model.norm.weight.data.fill_(8.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def deep_export(tmp_path_factory):
+    """The 24-layer model exported with default options (validation included) and its export result."""
+    model = deep_model(DEEP["num_hidden_layers"])
+    return model, onnx_export.export_onnx(model, tmp_path_factory.mktemp("deep") / "onnx", task="text-generation")
+
+
+def test_a_deep_model_at_trained_scales_exports_with_default_options(deep_export):
+    model, result = deep_export
+    logits = next(row for row in result.validation.rows if row.output == "logits")
+    assert logits.scale > 10  # trained-like magnitudes, so that the scaling is what lets it pass
+    assert result.validation.passed and logits.max_abs_diff > 0  # ONNX Runtime really ran, and rounds differently
+
+
+def test_one_corrupted_weight_in_the_deep_model_fails_validation(deep_export, tmp_path):
+    """One element of one weight matrix, in a middle layer, off by a typical weight's size."""
+    model, result = deep_export
+    folder = tmp_path / "corrupted"
+    shutil.copytree(result.folder, folder)
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=True)
+    matrices = [tensor for tensor in graph.graph.initializer if len(tensor.dims) == 2]
+    weight = matrices[len(matrices) // 2]
+    array = onnx.numpy_helper.to_array(weight).copy()
+    array.flat[0] += DEEP["initializer_range"]
+    weight.CopyFrom(onnx.numpy_helper.from_array(array, name=weight.name))
+    for stale in folder.glob("model.onnx*"):
+        stale.unlink()
+    save_graph(graph, folder / "model.onnx")
+    with pytest.raises(OnnxValidationError, match="does not match PyTorch"):
+        validate_onnx_export(folder, model)
+
+
+@pytest.mark.parametrize("defect", ["mask_ignored", "rotary_dropped"])
+def test_an_export_that_ignores_the_mask_or_drops_the_rotary_fails_validation(defect, tmp_path, monkeypatch):
+    """Self-attention exported with one of its inputs replaced by None, as a broken formulation would; 4 layers of the
+    deep model's shape and scales (each such export is traced anew)."""
+    original = formulations.llm_self_attention
+    replaced = {"mask_ignored": "attention_mask", "rotary_dropped": "position_embeddings"}[defect]
+
+    def defective(self, hidden_states, attention_mask=None, position_embeddings=None, *args, **kwargs):
+        arguments = {"attention_mask": attention_mask, "position_embeddings": position_embeddings, replaced: None}
+        return original(self, hidden_states, arguments["attention_mask"], arguments["position_embeddings"], *args, **kwargs)
+
+    monkeypatch.setattr(formulations, "llm_self_attention", defective)
+    with pytest.raises(OnnxValidationError, match="does not match PyTorch"):
+        onnx_export.export_onnx(deep_model(4), tmp_path / "out", task="text-generation")
+    assert not (tmp_path / "out").exists()
