@@ -7,11 +7,15 @@ Example:
     >>> trainer = VaswaniTrainer(model, args, train_dataset=dataset)  # doctest: +SKIP
 """
 
+import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 
 class TensorDataset(torch.utils.data.Dataset):
@@ -176,10 +180,101 @@ def _is_causal_lm(model: torch.nn.Module) -> bool:
     return getattr(model, "loss_type", None) == "ForCausalLM" and not getattr(config, "is_encoder_decoder", False)
 
 
+# ------------------------------------------------------------------------------------------- progress and results
+
+
+class TrainingProgress(TrainerCallback):
+    """Shows training as it goes: each logged train loss with its perplexity and the tokens per second since the
+    previous log, and each evaluation's loss and perplexity. The same numbers are added to the Trainer's log history
+    (`perplexity`, `tokens_per_second`, `eval_perplexity`), so `save_loss_curve` and `trainer_state.json` have them.
+
+    Tokens are counted by the Trainer when `include_num_input_tokens_seen` is on ("non_padding" counts real tokens
+    only); otherwise no speed is shown.
+
+    Example:
+        >>> args = VaswaniTrainingArguments("out", logging_steps=10, include_num_input_tokens_seen="non_padding")
+        >>> trainer = VaswaniTrainer(model, args, train_dataset=dataset, callbacks=[TrainingProgress()])  # doctest: +SKIP
+        >>> trainer.train()  # doctest: +SKIP
+        step 10/200  loss 3.2145  perplexity 24.88  2,310 tokens/s
+    """
+
+    def __init__(self, write: Callable[[str], None] = print) -> None:
+        self.write = write
+
+    def on_train_begin(self, args, state, control, **kwargs) -> None:
+        self.last_time, self.last_tokens = time.perf_counter(), state.num_input_tokens_seen
+
+    def on_log(self, args, state, control, logs=None, **kwargs) -> None:
+        logs = logs or {}
+        added: dict[str, float] = {}
+        if "loss" in logs:
+            added["perplexity"] = _perplexity(logs["loss"])
+            now, tokens = time.perf_counter(), state.num_input_tokens_seen
+            if args.include_num_input_tokens_seen not in ("no", False) and now > self.last_time:
+                added["tokens_per_second"] = round((tokens - self.last_tokens) / (now - self.last_time), 1)
+            self.last_time, self.last_tokens = now, tokens
+            line = f"step {state.global_step}/{state.max_steps}  loss {logs['loss']:.4f}  perplexity {added['perplexity']:.2f}"
+            if "tokens_per_second" in added:
+                line += f"  {added['tokens_per_second']:,.0f} tokens/s"
+        elif "eval_loss" in logs:
+            if "eval_perplexity" not in logs:
+                added["eval_perplexity"] = _perplexity(logs["eval_loss"])
+            perplexity = logs.get("eval_perplexity", added.get("eval_perplexity"))
+            line = f"step {state.global_step}  eval loss {logs['eval_loss']:.4f}  eval perplexity {perplexity:.2f}"
+        else:
+            return
+        logs.update(added)
+        if state.log_history:  # the Trainer appended a copy of `logs` just before calling us
+            state.log_history[-1].update(added)
+        if state.is_world_process_zero:
+            self.write(line)
+
+
+def _perplexity(loss: float) -> float:
+    return math.exp(loss) if loss < 700 else math.inf  # exp overflows a float past ~709
+
+
+def save_loss_curve(log_history: list[dict], path: str | Path, title: str = "fine-tuning") -> Path | None:
+    """Plot the train loss of every log and the eval losses of `log_history` (a Trainer's `state.log_history`) to a
+    PNG at `path`. Returns the path, or None (with nothing written) when there is no loss to plot or matplotlib is
+    not installed (`pip install vaswani[train]`).
+
+    Example:
+        >>> save_loss_curve(trainer.state.log_history, "out/model/loss_curve.png")  # doctest: +SKIP
+    """
+    train = [(entry["step"], entry["loss"]) for entry in log_history if "loss" in entry]
+    evals = [(entry["step"], entry["eval_loss"]) for entry in log_history if "eval_loss" in entry]
+    if not train and not evals:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    figure, axes = plt.subplots(figsize=(7, 4))
+    if train:
+        axes.plot(*zip(*train), label="train loss", linewidth=1, marker="." if len(train) < 30 else None)
+    if evals:
+        axes.plot(*zip(*evals), label="eval loss", color="C1", marker="o")
+    axes.set_xlabel("step")
+    axes.set_ylabel("cross-entropy (nats/token)")
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return Path(path)
+
+
 __all__ = [
     "PAPER_SCHEDULER",
     "TensorDataset",
+    "TrainingProgress",
     "VaswaniTrainer",
     "VaswaniTrainingArguments",
     "get_paper_schedule",
+    "save_loss_curve",
 ]
