@@ -4,17 +4,17 @@ Models that differ only in `position_embedding_type` (sinusoidal, learned, rope,
 trained with the same size, seeds, steps and data, then evaluated at longer lengths:
 
 - **Decoder** (language model on the shipped story corpus, the demo's tokenizer and split): trained on windows of
-  `--train-length` tokens (128), evaluated by held-out perplexity at 1x, 2x, 4x and 8x that length.
+  128 tokens, evaluated by held-out perplexity at 1x, 2x, 4x and 8x that length.
   - *full context*: each evaluation window is read in one pass, so positions run up to the evaluation length;
   - *sliding window*: the same tokens, read by windows of the training length with a stride of half of it, so
     every token is predicted from at most the training length of context and no position is ever new;
   - RoPE is also evaluated with transformers' `rope_type` scalings set at inference (`linear` and `yarn` with
     factor = evaluation length / training length, `dynamic` NTK), on the weights trained with plain RoPE.
   - Learned positions have no vector past their table: those cells say so ("n/a (table ends at 128)").
-- **Encoder-decoder** (the textbook's string reversal, data from `train_string_reversal.py`): trained on strings
-  of 3 to 10 letters, evaluated by teacher-forced token accuracy and greedy exact match up to 20 letters.
+- **Encoder-decoder** (the textbook's string reversal and its model, pre-LN; data from `train_string_reversal.py`):
+  trained on strings of 3 to 10 letters, evaluated by teacher-forced token accuracy and greedy exact match up to 20 letters.
 
-    python scripts/extrapolation_study.py --output outputs/extrapolation            # full: 3 seeds, ~45 min on 2 cores
+    python scripts/extrapolation_study.py --output outputs/extrapolation            # full: 3 seeds, ~40 min on 2 cores
     python scripts/extrapolation_study.py --quick --output /tmp/extrapolation-quick   # tiny models, seconds (CI)
 
 Writes to `--output`: `results.csv` (one row per seed, model, evaluation and length), `results.md` (mean and
