@@ -1,7 +1,8 @@
 """The whole deployment path on a real checkpoint, with a timing and quality table: convert -> parity -> chat/generate
 -> export fp32/int8/int4 -> ONNX Runtime generate -> perplexity on a text file.
 
-Takes any local transformers folder of a Llama (Mistral, Qwen2), GPT-2, BERT, BART or T5 model (nothing downloads).
+Takes any local transformers folder of a Llama (Mistral, Qwen2), GPT-2, BERT, BART or T5 model (nothing downloads),
+or a vaswani model folder (then there is nothing to convert).
 Each step is timed; each ONNX format is exported with default options (validation included) and judged by
 perplexity on `--text`, its agreement with PyTorch's greedy tokens, its size and its decode speed.
 
@@ -114,11 +115,15 @@ def run(args: argparse.Namespace) -> list[dict]:
     output.mkdir(parents=True, exist_ok=True)
     say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
 
-    say(f"1/4 Converting {args.model}")
     log: list[str] = []
-    converted, convert_seconds = timed(
-        convert_checkpoint, args.model, output / "vaswani", overwrite=True, log=lambda line: log.append(line) or say(line)
-    )
+    source_is_vaswani = AutoConfig.from_pretrained(args.model, local_files_only=True).model_type.startswith("vaswani")
+    if source_is_vaswani:  # already ours (e.g. `make demo`'s model): nothing to convert
+        converted, convert_seconds = Path(args.model), None
+    else:
+        say(f"1/4 Converting {args.model}")
+        converted, convert_seconds = timed(
+            convert_checkpoint, args.model, output / "vaswani", overwrite=True, log=lambda line: log.append(line) or say(line)
+        )
     parity_line = next((line for line in log if "max abs diff" in line), "")
     model = AutoModel.from_pretrained(converted, dtype=torch.float32, local_files_only=True)
     task = FAMILY_TASKS[model.config.model_type]
@@ -137,7 +142,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     say("2/4 PyTorch: generation and perplexity")
     reference_tokens, reference_speed = greedy(model, inputs, args.new_tokens) if generative else (None, None)
     source_tokens = None
-    if generative and task == "text-generation":
+    if generative and task == "text-generation" and not source_is_vaswani:
         source_tokens, source_speed = greedy(load_source(Path(args.model)), inputs, args.new_tokens)
         rows.append(dict(system="transformers (source)", perplexity=None, tokens_per_s=source_speed, same_tokens=True))
     reference_ppl = perplexity(model, task, windows, mask_token_id)

@@ -37,6 +37,7 @@ class WeightQuantization:
     accuracy_level: int = 4
 
     def algorithm_config(self, bits: int, algorithm: str):
+        _import_quantizer()
         from onnxruntime.quantization.matmul_nbits_quantizer import (
             DefaultWeightOnlyQuantConfig,
             HQQWeightOnlyQuantConfig,
@@ -112,8 +113,7 @@ def quantize_graph(path: Path, quantization: WeightQuantization) -> int:
     kept it within 1%. A tied LM head exports as MatMul(x, Transpose(embedding)): the transpose is folded into its own
     initializer first, so that the head, the largest matmul of a small model, is quantized too (in `head_bits`).
     """
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
+    MatMulNBitsQuantizer = _import_quantizer()
     model = onnx.load(str(path), load_external_data=True)
     fold_initializer_transposes(model)
     head = output_projection(model)
@@ -121,8 +121,6 @@ def quantize_graph(path: Path, quantization: WeightQuantization) -> int:
     passes = [(quantization.bits, quantization.algorithm, {"nodes_to_exclude": [head] if separate_head else []})]
     if separate_head:
         passes.append((quantization.head_bits, "rtn", {"nodes_to_include": [head]}))
-    # The quantizer logs every node at INFO through the root logger's handler; keep a CLI export readable.
-    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
     for bits, algorithm, nodes in passes:
         quantizer = MatMulNBitsQuantizer(model, algo_config=quantization.algorithm_config(bits, algorithm), **nodes)
         quantizer.process()
@@ -141,6 +139,19 @@ def quantize_graph(path: Path, quantization: WeightQuantization) -> int:
         stale.unlink(missing_ok=True)
     save_graph(model, path)
     return len(quantized)
+
+
+def _import_quantizer():
+    """ONNX Runtime's MatMulNBits quantizer, imported without its side effect: its module calls
+    `logging.basicConfig(level=INFO)`, which would make every library's INFO records print for the rest of the
+    process. The root logger is restored and the quantizer's own per-node records are kept at WARNING."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    root.handlers[:], root.level = handlers, level
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    return MatMulNBitsQuantizer
 
 
 def output_projection(model: onnx.ModelProto) -> str | None:
