@@ -509,10 +509,11 @@ def add_lora(model: torch.nn.Module, args: FinetuneArguments, task: str, trainin
     )  # fmt: skip
     model = get_peft_model(model, config)
     trainable, total = model.get_nb_trainable_parameters()
-    logger.info(
-        "LoRA (rank %d, alpha %g) on %s: %s trainable parameters of %s (%.2f%%).", args.lora_r, args.lora_alpha,
-        ", ".join(sorted(config.target_modules)), f"{trainable:,}", f"{total:,}", 100 * trainable / total,
-    )  # fmt: skip
+    if training_args.process_index == 0:
+        print(
+            f"LoRA (rank {args.lora_r}, alpha {args.lora_alpha:g}) on {', '.join(sorted(config.target_modules))}: "
+            f"{trainable:,} trainable parameters of {total:,} ({100 * trainable / total:.2f}%)"
+        )
     return model
 
 
@@ -557,7 +558,7 @@ def save_folder(trainer: VaswaniTrainer, final: Path) -> Path:
 def write_loss_curve(trainer: VaswaniTrainer, staging: Path, final: Path) -> None:
     title = f"fine-tuning {Path(trainer.args.output_dir).name}"
     if save_loss_curve(trainer.state.log_history, staging / "loss_curve.png", title=title) is not None:
-        logger.info("Loss curve: %s", final / "loss_curve.png")
+        print(f"loss curve: {final / 'loss_curve.png'}")
 
 
 def main(argv: list[str] | None = None, callbacks: list[TrainerCallback] | None = None) -> dict:
@@ -631,7 +632,7 @@ def main(argv: list[str] | None = None, callbacks: list[TrainerCallback] | None 
         processing_class=tokenizer,
         compute_metrics=compute_metrics,
         preprocess_logits_for_metrics=reduce_logits,
-        callbacks=[TrainingProgress(write=logger.info), *(callbacks or [])],
+        callbacks=[TrainingProgress(), *(callbacks or [])],
     )
     fsdp_requested = bool(training_args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
     if fsdp_requested and not trainer.is_fsdp_enabled:

@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 
@@ -198,7 +199,7 @@ class TrainingProgress(TrainerCallback):
         step 10/200  loss 3.2145  perplexity 24.88  2,310 tokens/s
     """
 
-    def __init__(self, write: Callable[[str], None] = print) -> None:
+    def __init__(self, write: Callable[[str], None] = tqdm.write) -> None:  # tqdm.write keeps progress bars intact
         self.write = write
 
     def on_train_begin(self, args, state, control, **kwargs) -> None:
