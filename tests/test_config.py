@@ -302,10 +302,16 @@ def test_preset_override_changes_the_field(preset, field):
         value = next(choice for choice in OTHER_CHOICE[field] if choice != getattr(base, field))
     else:
         value = OVERRIDES[field]
-    config = VaswaniDecoderConfig.from_preset(preset, **{field: copy.deepcopy(value)})
+    overrides = {field: copy.deepcopy(value)}
+    if field == "rope_parameters" and base.position_embedding_type != "rope":
+        # Only rotary configs take rope parameters (other position types raise).
+        overrides["position_embedding_type"] = "rope"
+    config = VaswaniDecoderConfig.from_preset(preset, **overrides)
     assert getattr(config, field) == value
     assert getattr(config, field) != getattr(base, field)
     untouched = {"hidden_size": "head_dim", "num_attention_heads": "head_dim"}.get(field)
+    if field == "rope_parameters":
+        untouched = "position_embedding_type"
     for other in ("position_embedding_type", "norm_type", "hidden_act", "num_hidden_layers"):
         if other != field and other != untouched:
             assert getattr(config, other) == getattr(base, other)

@@ -5,13 +5,23 @@ The oracle for a view is the model built from the config: the key/value shapes i
 of its projections, and BART's view of the same shape.
 """
 
+import copy
+import json
+import warnings
+
 import pytest
 import torch
-from conftest import build_model, random_ids, tiny_seq2seq_config
-from transformers import BartConfig
+from conftest import POSITION_TYPES, build_model, random_ids, tiny_decoder_config, tiny_seq2seq_config
+from transformers import AutoModelForCausalLM, BartConfig, BertConfig, LlamaConfig
 from transformers.configuration_utils import get_head_shapes
 
-from vaswani import VaswaniForConditionalGeneration
+from vaswani import (
+    VaswaniDecoderConfig,
+    VaswaniEncoderConfig,
+    VaswaniForCausalLM,
+    VaswaniForConditionalGeneration,
+    VaswaniSeq2SeqConfig,
+)
 
 HEAD_COUNTS = {"same_heads": None, "fewer_decoder_heads": 2}
 
@@ -68,3 +78,81 @@ def test_text_config_view_is_a_copy_and_the_unsided_view_is_the_config_itself():
     view.num_attention_heads = 1
     assert config.num_attention_heads == 4 and config.decoder_attention_heads == 2
     assert config.get_text_config() is config
+
+
+# ------------------------------------------------------------------------------------------ rope parameters
+
+CONFIG_CLASSES = {"decoder": VaswaniDecoderConfig, "encoder": VaswaniEncoderConfig, "seq2seq": VaswaniSeq2SeqConfig}
+LINEAR_SCALING = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
+
+
+@pytest.mark.parametrize("position_embedding_type", POSITION_TYPES)
+@pytest.mark.parametrize("family", list(CONFIG_CLASSES))
+def test_only_rotary_configs_expose_rope_parameters(family, position_embedding_type, tmp_path):
+    config = CONFIG_CLASSES[family](position_embedding_type=position_embedding_type)
+    rotary = position_embedding_type == "rope"
+    # As in transformers' own configs: Llama's has rope parameters, BERT's and BART's have none.
+    assert bool(config.rope_parameters) == rotary
+    assert bool(getattr(LlamaConfig(), "rope_parameters", None)) and not hasattr(BertConfig(), "rope_parameters")
+    config.save_pretrained(tmp_path)
+    assert bool(type(config).from_pretrained(tmp_path).rope_parameters) == rotary
+    if family == "seq2seq":
+        assert all(bool(config.stack_config(side).rope_parameters) == rotary for side in ("encoder", "decoder"))
+
+
+NON_ROTARY = [kind for kind in POSITION_TYPES if kind != "rope"]
+ROPE_REQUESTS = {
+    "rope_parameters": dict(rope_parameters=LINEAR_SCALING),
+    "legacy-rope_scaling": dict(rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    "legacy-rope_theta": dict(rope_theta=500000.0),
+}
+
+
+@pytest.mark.parametrize("request_", ROPE_REQUESTS.values(), ids=ROPE_REQUESTS.keys())
+@pytest.mark.parametrize("position_embedding_type", NON_ROTARY)
+def test_rope_settings_for_a_non_rotary_config_raise(position_embedding_type, request_):
+    with pytest.raises(ValueError, match=f"position_embedding_type='{position_embedding_type}' has no rotary"):
+        VaswaniDecoderConfig(position_embedding_type=position_embedding_type, **request_)
+
+
+@pytest.mark.parametrize("attribute", ["rope_parameters", "rope_scaling"])
+def test_setting_rope_scaling_on_a_built_non_rotary_config_raises(attribute, tmp_path):
+    config = VaswaniDecoderConfig(position_embedding_type="alibi")
+    with pytest.raises(ValueError, match="has no rotary embedding"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # transformers deprecates rope_scaling
+        setattr(config, attribute, dict(LINEAR_SCALING))
+    config.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="has no rotary embedding"):
+        VaswaniDecoderConfig.from_pretrained(tmp_path, rope_parameters=dict(LINEAR_SCALING))
+
+
+def test_folders_saved_with_default_rope_parameters_still_load(tmp_path):
+    # Before rope parameters followed the position type, every saved config carried transformers' defaults.
+    model = build_model(VaswaniForCausalLM, tiny_decoder_config(position_embedding_type="alibi"))
+    model.save_pretrained(tmp_path)
+    config_file = tmp_path / "config.json"
+    saved = json.loads(config_file.read_text())
+    saved["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
+    config_file.write_text(json.dumps(saved))
+    for loader in (VaswaniForCausalLM, AutoModelForCausalLM):
+        loaded = loader.from_pretrained(tmp_path, trust_remote_code=True).eval()
+        assert loaded.config.rope_parameters is None
+        ids = random_ids(1, 6)
+        with torch.no_grad():
+            assert (loaded(ids).logits - model(ids).logits).abs().max().item() <= 1e-5
+
+
+def test_linear_rope_scaling_on_a_rotary_model_divides_positions_by_the_factor():
+    # The scaling reaches the model: positions 2k under factor 2 rotate exactly as positions k unscaled.
+    base = build_model(VaswaniForCausalLM, tiny_decoder_config(position_embedding_type="rope"))
+    scaled_config = copy.deepcopy(base.config)
+    scaled_config.rope_parameters = dict(LINEAR_SCALING)
+    scaled = VaswaniForCausalLM._from_config(scaled_config, attn_implementation="eager").eval()
+    scaled.load_state_dict(base.state_dict())
+    ids, positions = random_ids(1, 6), torch.arange(6).unsqueeze(0)
+    with torch.no_grad():
+        expected = base(ids, position_ids=positions).logits
+        actual = scaled(ids, position_ids=2 * positions).logits
+        unscaled_at_double = base(ids, position_ids=2 * positions).logits
+    assert (actual - expected).abs().max().item() <= 1e-5
+    assert (unscaled_at_double - expected).abs().max().item() > 1e-3, "positions must matter for the check to bite"

@@ -19,6 +19,8 @@ POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "rope", "alibi", "relative_
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 CLASSIFIER_POOLINGS = ("cls", "mean", "last")
+# What transformers gives a config that has rope parameters but sets none.
+DEFAULT_ROPE_PARAMETERS = {"rope_type": "default", "rope_theta": 10000.0}
 
 
 class VaswaniConfig(PreTrainedConfig):
@@ -41,7 +43,8 @@ class VaswaniConfig(PreTrainedConfig):
             (rotary, applied to queries and keys), `alibi` (linear distance bias), `relative_bias`
             (T5's bucketed learned bias) or `none`.
         rope_parameters: transformers' RoPE settings, e.g. `{"rope_type": "default", "rope_theta": 10000.0}`.
-            Any `rope_type` of `transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS` works.
+            Any `rope_type` of `transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS` works. Only rotary configs
+            have them (other position types have `None`, and refuse rope settings with a `ValueError`).
         max_position_embeddings: Longest sequence the model is meant for; a hard limit for `learned`
             positions, the RoPE scaling reference otherwise.
         relative_attention_num_buckets: Buckets of the `relative_bias` positions (T5: 32).
@@ -127,8 +130,44 @@ class VaswaniConfig(PreTrainedConfig):
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.intermediate_size is None and _is_positive_int(self.hidden_size):
             self.intermediate_size = 4 * self.hidden_size
+        rotary = self.position_embedding_type == "rope"
+        if not rotary:
+            self._refuse_rope_request(kwargs)
+            self.rope_parameters = None
         super().__post_init__(**kwargs)
+        if not rotary:
+            # transformers fills in default rope parameters for every config that has the field; without rotary
+            # positions they would make its rope-scaling machinery believe this model uses RoPE.
+            self.rope_parameters = None
         self.validate()
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        # Rope scaling set on a built non-rotary config (`config.rope_parameters = ...`, `config.rope_scaling = ...`)
+        # would silently do nothing: refuse it.
+        if key == "rope_parameters" and value and self.__dict__.get("_post_init_done"):
+            if self.position_embedding_type != "rope":
+                raise ValueError(self._no_rope_message(value))
+        super().__setattr__(key, value)
+
+    def _refuse_rope_request(self, kwargs: dict[str, Any]) -> None:
+        """Raise if a non-rotary config is given rope settings other than the defaults every config used to carry
+        (configs saved before rope parameters followed the position type have them, and still load)."""
+        requested = dict(self.rope_parameters or {})
+        if kwargs.get("rope_scaling"):
+            requested.update(kwargs["rope_scaling"])
+        if "rope_theta" in kwargs:
+            requested["rope_theta"] = kwargs["rope_theta"]
+        if any(key not in DEFAULT_ROPE_PARAMETERS or DEFAULT_ROPE_PARAMETERS[key] != value for key, value in requested.items()):
+            raise ValueError(self._no_rope_message(requested))
+        kwargs.pop("rope_scaling", None)
+        kwargs.pop("rope_theta", None)
+
+    def _no_rope_message(self, requested: Any) -> str:
+        return (
+            f"rope parameters {requested!r} were given, but position_embedding_type="
+            f"{self.position_embedding_type!r} has no rotary embedding, so they would do nothing. Use "
+            f"position_embedding_type='rope' for RoPE and its scalings, or leave rope_parameters unset."
+        )
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
@@ -191,6 +230,8 @@ class VaswaniConfig(PreTrainedConfig):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False.")
         if self.position_embedding_type == "rope":
             self._validate_rope()
+        elif self.rope_parameters:
+            raise ValueError(self._no_rope_message(self.rope_parameters))
         if self.position_embedding_type == "relative_bias":
             self._validate_relative_bias()
         if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2:
