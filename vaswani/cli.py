@@ -72,7 +72,7 @@ def _add_export_parser(subparsers: argparse._SubParsersAction) -> None:
         "--quantize",
         choices=("int8", "int4"),
         help="weight-only block-wise quantization for CPU, from fp32 (int8: within 1%% of fp32 perplexity on trained "
-        "models; int4: HQQ, smaller and faster, lossier); the LM head stays 8-bit",
+        "models; int4: smaller and faster, lossier); the LM head stays 8-bit",
     )
     parser.add_argument("--block-size", type=int, help="weights per quantization block (default 32)")
     parser.add_argument(

@@ -205,7 +205,7 @@ def export_onnx(
         optimize: save the graphs after ONNX Runtime's extended graph optimizations (fusions).
         quantize: "int8" or "int4": weight-only block-wise quantization of every weight MatMul, the LM head included
             (in 8 bits), run by ONNX Runtime's MatMulNBits (CPU, from fp32). The fp32 graph is validated before it is
-            quantized. int8 keeps perplexity within 1% of fp32 on trained models; int4 (HQQ) trades more.
+            quantized. int8 keeps perplexity within 1% of fp32 on trained models; int4 trades more (docs/deployment.md).
         block_size: weights per quantization block (default 32; 16, 32, 64 or 128).
         accuracy_level: MatMulNBits' compute type: 4 (default) int8 activations per block, fastest on CPUs; 0 or 1
             float32 compute.

@@ -22,42 +22,43 @@ class WeightQuantization:
     Args:
         name: the manifest's `quantization` value.
         bits: bits per weight of every MatMul but the output projection.
-        algorithm: "rtn" (round to nearest, min/max per block) or "hqq" (half-quadratic: fits each block's scale and
-            zero point to the weights, no calibration data; slower to export, much closer at 4 bits).
+        symmetric: one scale per block (zero at the middle of the integer range), or a scale and an integer zero
+            point per block (asymmetric: 4 bits need the range a zero point recovers).
         head_bits: bits of the LM/task head, whose errors reach the logits undamped.
-        block_size: input rows per block, each with its own scale (and zero point for 4 bits).
+        block_size: input rows per block, each with its own scale (and zero point).
         accuracy_level: `MatMulNBits`' compute type: 0/1 float32, 4 int8 activations per block (fastest on CPUs).
     """
 
     name: str
     bits: int
-    algorithm: str
+    symmetric: bool
     head_bits: int = 8
     block_size: int = 32
     accuracy_level: int = 4
 
-    def algorithm_config(self, bits: int, algorithm: str):
+    def algorithm_config(self, bits: int):
         _import_quantizer()
-        from onnxruntime.quantization.matmul_nbits_quantizer import (
-            DefaultWeightOnlyQuantConfig,
-            HQQWeightOnlyQuantConfig,
-        )
+        from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig
 
-        if algorithm == "hqq":
-            return HQQWeightOnlyQuantConfig(block_size=self.block_size, bits=bits)
+        # Round to nearest from each block's min/max. ONNX Runtime's HQQ fits 4-bit blocks much better (perplexity
+        # +0.1% instead of +22% on SmolLM2-135M) but stores float zero points, which have no fast MatMulNBits kernel
+        # on CPU: decode ran 60x slower per matmul.
         return DefaultWeightOnlyQuantConfig(
-            block_size=self.block_size, is_symmetric=True, bits=bits, accuracy_level=self.accuracy_level
+            block_size=self.block_size,
+            is_symmetric=self.symmetric or bits == 8,
+            bits=bits,
+            accuracy_level=self.accuracy_level,
         )
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-# `quantize=` argument -> its format. Measured on SmolLM2-135M-Instruct (30 layers; docs/deployment.md):
-# 8-bit RTN +0.3-0.5% perplexity; 4-bit RTN +44% (+22% with an 8-bit head); 4-bit HQQ with an 8-bit head +0.3%.
+# `quantize=` argument -> its format. Perplexity on SmolLM2-135M-Instruct (30 layers; docs/deployment.md): int8
+# +0.3-0.6%; int4 +22% with an 8-bit head (+44% with the head in 4 bits too), +12% with `block_size=16`.
 QUANTIZATIONS = {
-    "int8": WeightQuantization("int8-weight-only", bits=8, algorithm="rtn"),
-    "int4": WeightQuantization("int4-weight-only", bits=4, algorithm="hqq"),
+    "int8": WeightQuantization("int8-weight-only", bits=8, symmetric=True),
+    "int4": WeightQuantization("int4-weight-only", bits=4, symmetric=False),
 }
 BLOCK_SIZES = (16, 32, 64, 128)
 ACCURACY_LEVELS = (0, 1, 4)
@@ -118,21 +119,14 @@ def quantize_graph(path: Path, quantization: WeightQuantization) -> int:
     fold_initializer_transposes(model)
     head = output_projection(model)
     separate_head = head is not None and quantization.head_bits != quantization.bits
-    passes = [(quantization.bits, quantization.algorithm, {"nodes_to_exclude": [head] if separate_head else []})]
+    passes = [(quantization.bits, {"nodes_to_exclude": [head] if separate_head else []})]
     if separate_head:
-        passes.append((quantization.head_bits, "rtn", {"nodes_to_include": [head]}))
-    for bits, algorithm, nodes in passes:
-        quantizer = MatMulNBitsQuantizer(model, algo_config=quantization.algorithm_config(bits, algorithm), **nodes)
+        passes.append((quantization.head_bits, {"nodes_to_include": [head]}))
+    for bits, nodes in passes:
+        quantizer = MatMulNBitsQuantizer(model, algo_config=quantization.algorithm_config(bits), **nodes)
         quantizer.process()
         model = quantizer.model.model
     quantized = [node for node in model.graph.node if node.op_type == "MatMulNBits"]
-    for node in quantized:
-        # HQQ leaves accuracy_level unset (float compute); one level for the whole graph keeps speed predictable.
-        attributes = [attribute for attribute in node.attribute if attribute.name != "accuracy_level"]
-        del node.attribute[:]
-        node.attribute.extend(attributes)
-        if quantization.accuracy_level:
-            node.attribute.append(onnx.helper.make_attribute("accuracy_level", quantization.accuracy_level))
     # Shapes recorded for the float graph are stale once MatMuls become MatMulNBits.
     del model.graph.value_info[:]
     for stale in (path, Path(f"{path}.data")):
