@@ -57,7 +57,10 @@ class VaswaniConfig(PreTrainedConfig):
         mlp_bias: Biases on the feed-forward projections.
         attention_dropout: Dropout on attention probabilities.
         hidden_dropout: Dropout on embeddings and on each sublayer's output before the residual addition.
-        embedding_scale: Multiply token embeddings by sqrt(hidden_size), as in the paper (section 3.4).
+        embedding_scale: Multiply token embeddings by sqrt(hidden_size), as in the paper (section 3.4). `None`
+            (the default) scales exactly when positions are `sinusoidal`: the paper scales so that its unit-amplitude
+            encoding does not drown token embeddings initialized at `initializer_range` (without it such a model
+            barely trains).
         tie_word_embeddings: Share the output projection with the input embedding.
         initializer_range: Standard deviation of the normal weight initialization.
         type_vocab_size: Number of segment (token type) embeddings added to the token embeddings (BERT: 2; 0: none).
@@ -98,7 +101,7 @@ class VaswaniConfig(PreTrainedConfig):
     mlp_bias: bool = True
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
-    embedding_scale: bool = False
+    embedding_scale: bool | None = None
     tie_word_embeddings: bool = True
     initializer_range: float = 0.02
     type_vocab_size: int = 0
@@ -130,6 +133,8 @@ class VaswaniConfig(PreTrainedConfig):
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.intermediate_size is None and _is_positive_int(self.hidden_size):
             self.intermediate_size = 4 * self.hidden_size
+        if self.embedding_scale is None:
+            self.embedding_scale = self.position_embedding_type == "sinusoidal"
         rotary = self.position_embedding_type == "rope"
         if not rotary:
             self._refuse_rope_request(kwargs)
