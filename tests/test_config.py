@@ -90,8 +90,8 @@ INVALID = {
     ),
     "rope-parameters-not-a-dict": (dict(rope_parameters=10000.0), ["rope_parameters=10000.0", "dict"]),
     "negative-pad-token": (dict(pad_token_id=-1), ["pad_token_id=-1", "[0, vocab_size=64)"]),
-    "bos-token-outside-vocab": (dict(bos_token_id=64), ["bos_token_id=64", "[0, vocab_size=64)"]),
-    "eos-token-list-outside-vocab": (dict(eos_token_id=[1, 100]), ["eos_token_id=[1, 100]", "[0, vocab_size=64)"]),
+    "pad-token-outside-vocab": (dict(pad_token_id=64), ["pad_token_id=64", "[0, vocab_size=64)"]),
+    "bos-token-not-an-integer": (dict(bos_token_id="1"), ["bos_token_id='1'", "integer"]),
     "sinusoidal-odd-hidden-size": (
         dict(hidden_size=7, num_attention_heads=1, position_embedding_type="sinusoidal"),
         ["position_embedding_type='sinusoidal'", "hidden_size=7", "even hidden_size"],

@@ -14,6 +14,9 @@ from typing import Any, ClassVar
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "rope", "alibi", "relative_bias", "none")
 NORM_TYPES = ("layernorm", "rmsnorm")
@@ -246,12 +249,22 @@ class VaswaniConfig(PreTrainedConfig):
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             value = getattr(self, name)
             for token_id in value if isinstance(value, list) else [value]:
-                if token_id is not None and (
-                    isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < self.vocab_size
-                ):
+                if token_id is None:
+                    continue
+                if isinstance(token_id, bool) or not isinstance(token_id, int):
+                    raise ValueError(f"{name}={value!r} must be None or an integer token id.")
+                if 0 <= token_id < self.vocab_size:
+                    continue
+                if name == "pad_token_id":  # the embedding reserves this row: it must exist
                     raise ValueError(
                         f"{name}={value!r} must be None or a token id in [0, vocab_size={self.vocab_size})."
                     )
+                # As transformers does: tiny test models keep a large vocabulary's bos/eos ids. They are never fed
+                # to the embedding unless used as input, and generation simply never emits them.
+                logger.warning_once(
+                    f"{name}={value!r} is outside the vocabulary [0, vocab_size={self.vocab_size}); generation will "
+                    f"never produce it. Set it to a token id of the vocabulary, or to None."
+                )
 
     def _validate_rope(self) -> None:
         if self.head_dim % 2:
