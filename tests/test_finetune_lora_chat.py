@@ -313,3 +313,17 @@ def test_conversations_default_to_the_longest_one(workspace: Path, tmp_path: Pat
     ]
     expected = [min(length, 256) for length in lengths]
     assert [len(row["input_ids"]) for row in capture.train_dataset] == expected
+
+
+def test_a_resumed_lora_run_ends_with_the_uninterrupted_runs_adapter(workspace: Path, tmp_path: Path) -> None:
+    """Checkpoints of a LoRA run hold the adapter and optimizer state; resuming from one continues the same run."""
+    checkpointing = "--save_strategy steps --save_steps 2 --max_steps 4"
+    lora_run(workspace, tmp_path / "whole", checkpointing)
+    checkpoint = tmp_path / "whole" / "checkpoint-2"
+    assert (checkpoint / "adapter_model.safetensors").is_file() and not (checkpoint / "model.safetensors").exists()
+    lora_run(workspace, tmp_path / "resumed", f"{checkpointing} --resume_from_checkpoint {checkpoint}")
+    whole = load_file(tmp_path / "whole" / "model" / "adapter_model.safetensors")
+    resumed = load_file(tmp_path / "resumed" / "model" / "adapter_model.safetensors")
+    assert whole.keys() == resumed.keys()
+    for name, value in whole.items():
+        torch.testing.assert_close(resumed[name], value, rtol=0, atol=1e-6, msg=name)
