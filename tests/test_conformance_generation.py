@@ -1,5 +1,10 @@
 """`generate` on the encoder-decoder behaves as on transformers' own encoder-decoders: a static cache, assisted
-decoding and compiled generation give what the dynamic cache gives, token for token and logit for logit.
+decoding and compiled generation give what the dynamic cache gives, token for token and logit for logit. For the
+generating families, `logits_to_keep` selects positions of the full logits, generation from `inputs_embeds` is
+generation from the ids, and beam search returns the sequences, scores and beam indices that transformers' BART
+and LLaMA return with the same weights.
+(transformers' T5 with a decoder deeper than its encoder, as the tiny T5 here, fails its own beam search: its
+cache follows the encoder depth.)
 
 The decoder here has fewer heads than the encoder, so every cache transformers sizes from the config's per-layer view
 of the decoder must get the decoder's shapes, not the encoder's.
@@ -8,10 +13,12 @@ of the decoder must get the decoder's shapes, not the encoder's.
 
 import pytest
 import torch
-from conftest import POSITION_TYPES, build_model, padding_mask, random_ids, tiny_seq2seq_config
-from transformers import CompileConfig
+from conftest import POSITION_TYPES, build_model, padding_mask, random_ids, tiny_decoder_config, tiny_seq2seq_config
+from test_conversion_parity import tiny_bart, tiny_decoder
+from transformers import BartForConditionalGeneration, CompileConfig, LlamaForCausalLM
 
-from vaswani import VaswaniForConditionalGeneration
+from vaswani import VaswaniForCausalLM, VaswaniForConditionalGeneration
+from vaswani.conversion.checkpoints import from_transformers
 
 TOLERANCE = 1e-5
 NEW_TOKENS = 6
@@ -77,3 +84,71 @@ def test_compiled_static_cache_generation_matches_dynamic_cache(position_embeddi
         torch._dynamo.reset()
     dynamic = model.generate(**source, **GREEDY)
     assert_same_generation(compiled, dynamic)
+
+
+# ------------------------------------------------------------- logits_to_keep, inputs_embeds, beam search scores
+
+LM_FAMILIES = {
+    "decoder": lambda kind: build_model(VaswaniForCausalLM, tiny_decoder_config(position_embedding_type=kind)),
+    "seq2seq": lambda kind: seq2seq(kind),
+}
+
+
+def lm_logits(model, ids: torch.Tensor, **kwargs) -> torch.Tensor:
+    with torch.no_grad():
+        if model.config.is_encoder_decoder:
+            return model(random_ids(2, 7, seed=3), decoder_input_ids=ids, **kwargs).logits
+        return model(ids, **kwargs).logits
+
+
+@pytest.mark.parametrize("family", list(LM_FAMILIES))
+def test_logits_to_keep_selects_positions_of_the_full_logits(family):
+    model, ids = LM_FAMILIES[family]("rope"), random_ids(2, 6)
+    full = lm_logits(model, ids)
+    assert torch.equal(lm_logits(model, ids, logits_to_keep=0), full)
+    assert (lm_logits(model, ids, logits_to_keep=2) - full[:, -2:]).abs().max() <= TOLERANCE
+    positions = torch.tensor([0, 3, 5])
+    assert (lm_logits(model, ids, logits_to_keep=positions) - full[:, positions]).abs().max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("position_embedding_type", POSITION_TYPES)
+@pytest.mark.parametrize("family", list(LM_FAMILIES))
+def test_generation_from_inputs_embeds_matches_generation_from_ids(family, position_embedding_type):
+    model = LM_FAMILIES[family](position_embedding_type)
+    mask = padding_mask([6, 4], 6, "left" if family == "decoder" else "right")
+    ids = random_ids(2, 6).masked_fill(mask == 0, 0)
+    from_ids = model.generate(ids, attention_mask=mask, **GREEDY)
+    from_embeds = model.generate(inputs_embeds=model.get_input_embeddings()(ids), attention_mask=mask, **GREEDY)
+    # A decoder-only model returns only the new tokens when it starts from embeddings, as transformers' models do.
+    new_tokens = from_ids.sequences[:, ids.shape[1] :] if family == "decoder" else from_ids.sequences
+    assert from_embeds.sequences.tolist() == new_tokens.tolist()
+    for expected, actual in zip(from_ids.logits, from_embeds.logits):
+        assert (actual - expected).abs().max().item() <= TOLERANCE
+
+
+BEAM_SEARCH = dict(
+    GREEDY, num_beams=3, num_return_sequences=2, output_scores=True, length_penalty=1.0, early_stopping=False
+)
+REFERENCES = {
+    "bart": lambda: tiny_bart(BartForConditionalGeneration, scale_embedding=False),
+    "llama": lambda: tiny_decoder(LlamaForCausalLM),
+}
+
+
+@pytest.mark.parametrize("name", list(REFERENCES))
+def test_beam_search_outputs_match_transformers_with_the_same_weights(name):
+    reference = REFERENCES[name]()
+    converted = from_transformers(reference).eval()
+    ids = random_ids(2, 6)
+    mask = torch.ones_like(ids)
+    settings = dict(BEAM_SEARCH, pad_token_id=0, forced_eos_token_id=None, forced_bos_token_id=None)
+    expected = reference.generate(ids, attention_mask=mask, **settings)
+    actual = converted.generate(ids, attention_mask=mask, **settings)
+    assert actual.sequences.tolist() == expected.sequences.tolist()
+    assert (actual.sequences_scores - expected.sequences_scores).abs().max().item() <= TOLERANCE
+    assert actual.beam_indices.tolist() == expected.beam_indices.tolist()
+    assert len(actual.scores) == len(expected.scores) == NEW_TOKENS
+    for step, (actual_scores, expected_scores) in enumerate(zip(actual.scores, expected.scores)):
+        finite = expected_scores.isfinite()
+        assert torch.equal(actual_scores.isfinite(), finite), f"step {step}: different tokens are ruled out"
+        assert (actual_scores[finite] - expected_scores[finite]).abs().max().item() <= 1e-4, f"step {step}"

@@ -18,6 +18,7 @@ from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
 from transformers.loss.loss_utils import ForMaskedLMLoss
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
+from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration import VaswaniSeq2SeqConfig
@@ -206,6 +207,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         Args:
             labels: (batch, target tokens) target ids, -100 where ignored. Without decoder inputs they are
                 shifted right into `decoder_input_ids`.
+            logits_to_keep: compute logits for only the last `n` positions (0 keeps all; `generate` uses 1), or for
+                the positions a 1D/2D index tensor names.
             Other arguments as in `VaswaniSeq2SeqModel.forward`.
         """
         if labels is not None:
@@ -225,9 +228,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             **kwargs,
         )
-        hidden_states = outputs.last_hidden_state
-        if isinstance(logits_to_keep, int) and logits_to_keep:
-            hidden_states = hidden_states[:, -logits_to_keep:]
+        hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
         if self.config.scale_decoder_output:
             hidden_states = hidden_states * self.config.hidden_size**-0.5
         logits = self.lm_head(hidden_states)
