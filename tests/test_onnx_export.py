@@ -170,6 +170,8 @@ def test_cpu_export_runs_each_self_attention_as_one_op_and_norms_fused(exported,
     ops = op_counts(result.folder / "model.onnx")
     assert (ops["Attention"], ops["RotaryEmbedding"]) == (layers, 2 * layers)
     assert not {"Softmax", "Transpose"} & set(ops)  # no eager attention, no head transposes
+    # q/k/v read one activation, and so do gate/up: each group is one wide MatMul (and a Split), plus o, down, head.
+    assert ops["MatMul"] == layers * (4 if model.config.gated_ffn else 3) + 1
     fused = ort_fused_op_counts(result.folder, tmp_path)
     norms = sum(isinstance(module, RMSNorm) for module in model.modules())
     assert fused["SimplifiedLayerNormalization"] == norms == 2 * layers + 1
@@ -326,8 +328,10 @@ def test_cli_quantized_export_quantizes_every_weight_matmul_and_replaces_the_fol
     assert float_weight_matmuls == []
     linear_layers = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
     quantized = [node for node in graph.node if node.op_type == "MatMulNBits"]
-    assert len(quantized) == len(linear_layers)  # q, k, v, o, up, down and the tied LM head
     attributes = [{a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} for node in quantized]
+    # Every Linear's weight (q, k, v, o, gate, up, down and the tied LM head) quantized once; q/k/v and gate/up are
+    # each one fused MatMul, so count output columns.
+    assert sum(node["N"] for node in attributes) == sum(layer.out_features for layer in linear_layers)
     body = [node for node in attributes if node["bits"] == body_bits]
     head = [node for node in attributes if node["bits"] == 8]
     # The head stays in 8 bits whatever the body's width: its errors reach the logits undamped.

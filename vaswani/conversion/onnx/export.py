@@ -45,7 +45,7 @@ from .contract import (
     save_graph,
     write_manifest,
 )
-from .formulations import LLM_OPSET, exporting_formulations
+from .formulations import LLM_OPSET, exporting_formulations, fuse_sibling_matmuls
 from .postprocess import optimize_graph, quantization_format, quantize_graph
 from .tasks import GENERATION_TASKS, cast_model, family_of, infer_task, load_for_task, task_model
 from .validation import ValidationReport, validate_onnx_export
@@ -130,6 +130,7 @@ def export_graph(spec: GraphSpec, config: PreTrainedConfig, device: str, opset: 
     for node in model.graph.all_nodes():
         # The exporter annotates nodes with stack traces and local source paths: not for a shipped artifact.
         node.metadata_props.clear()
+    fuse_sibling_matmuls(model)
     _name_axes(model.graph.inputs, spec.inputs, spec.name)
     _name_axes(model.graph.outputs, spec.outputs, spec.name)
     return model
