@@ -86,7 +86,7 @@ def _add_export_parser(subparsers: argparse._SubParsersAction) -> None:
         "--tolerance",
         type=float,
         help="validation tolerance, relative to each output's largest value: per layer of depth for fp32 (default "
-        "4e-6), overall for fp16 (5e-3), int8 (0.25) and int4 (1.0)",
+        "2e-6), overall for fp16 (5e-3), int8 (0.25) and int4 (1.0)",
     )
     parser.add_argument(
         "--opset",
