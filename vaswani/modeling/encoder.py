@@ -96,6 +96,7 @@ class VaswaniForMaskedLM(VaswaniPreTrainedModel):
     norm, then a projection tied to the input embedding, with its own bias)."""
 
     config_class = VaswaniEncoderConfig
+    _tp_plan = {"lm_head": "colwise_gather_output"}
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
     def __init__(self, config: VaswaniEncoderConfig) -> None:

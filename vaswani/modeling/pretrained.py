@@ -142,6 +142,26 @@ class VaswaniStack(VaswaniPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed_tokens = value
 
+    def init_parallel_plans(self) -> None:
+        """transformers' parallel plans, plus the tensor-parallel plan of the blocks, as Llama's: attention split by
+        heads (q/k/v column-wise, o row-wise), the feed-forward by its hidden width (gate/up column-wise, down
+        row-wise). A family's head adds its own plan, and an encoder-decoder holds both stacks' plans under
+        `encoder.` and `decoder.`.
+
+        Position biases (ALiBi, relative bias) are computed for all heads at once, so those models keep attention
+        whole and split only the feed-forward.
+        """
+        super().init_parallel_plans()
+        plan = {"embed_tokens": "embedding_rowwise", "layers.*.mlp.up_proj": "colwise", "layers.*.mlp.down_proj": "rowwise"}
+        if self.config.gated_ffn:
+            plan["layers.*.mlp.gate_proj"] = "colwise"
+        if self.config.position_embedding_type not in ("alibi", "relative_bias"):
+            attention = ["self_attn"] + (["cross_attn"] if self.layers[0].cross_attn is not None else [])
+            for name in attention:
+                plan.update({f"layers.*.{name}.{projection}_proj": "colwise" for projection in "qkv"})
+                plan[f"layers.*.{name}.o_proj"] = "rowwise"
+        self._tp_plan = {**plan, **self._tp_plan}
+
     def embed(
         self,
         input_ids: torch.Tensor | None,

@@ -147,6 +147,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
     """
 
     config_class = VaswaniSeq2SeqConfig
+    _tp_plan = {"lm_head": "colwise_gather_output"}
 
     def __init__(self, config: VaswaniSeq2SeqConfig) -> None:
         super().__init__(config)
