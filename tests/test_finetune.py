@@ -305,3 +305,21 @@ def test_class_labels_map_onto_the_saved_head_when_they_fit() -> None:
     assert finetune.label_mapping(config, ["cat", "fox"], is_classifier=False)[1]["num_labels"] == 2
     with pytest.raises(ValueError, match="all integers or all strings"):
         finetune.label_mapping(config, [1, "cat"], is_classifier=True)
+
+
+@pytest.mark.parametrize("model_name", ["encoder", "seq2seq"])
+def test_lora_fine_tunes_a_classifier_and_a_seq2seq_model(workspace: Path, tmp_path: Path, model_name: str) -> None:
+    """--lora beyond causal LMs: PEFT's task types for classification (the head trains in full, as PEFT's
+    `modules_to_save`) and seq2seq; only the adapter is saved. (tests/test_finetune_lora_chat.py covers causal LMs.)"""
+    flags = f"--model {workspace / model_name} --train_file {workspace / 'train.jsonl'} --lora --merge"
+    flags += f" --validation_file {workspace / 'valid.jsonl'} --eval_on_start --eval_strategy no --max_steps 20"
+    flags += " --per_device_train_batch_size 16 --learning_rate 1e-2"
+    results = finetune.main(finetune_argv(workspace, tmp_path, flags))
+    before, after = eval_losses(results)
+    assert after < before - 0.5, (before, after)
+    adapter = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert adapter["task_type"] == {"encoder": "SEQ_CLS", "seq2seq": "SEQ_2_SEQ_LM"}[model_name]
+    merged = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert merged["architectures"] == [
+        {"encoder": "VaswaniEncoderForSequenceClassification", "seq2seq": "VaswaniForConditionalGeneration"}[model_name]
+    ]
