@@ -160,6 +160,29 @@ def weight_bytes(location: Path) -> int:
     return sum(p.stat().st_size for p in location.iterdir() if p.name.endswith(suffixes))
 
 
+def bytes_read_per_token(location: Path) -> int:
+    """Weight bytes one decode step reads: the weight files, less an embedding table that only a Gather reads (one
+    row per token; ONNX exports that keep a float table beside a quantized head). CTranslate2's and GGUF's
+    quantized files hold one table for the embedding and the tied head, read in full by the head."""
+    total = weight_bytes(location)
+    graph_file = location / "model.onnx" if location.is_dir() else None
+    if graph_file is None or not graph_file.is_file():
+        return total
+    import onnx
+
+    graph = onnx.load(str(graph_file), load_external_data=False).graph
+    sizes = {"1": 4, "10": 2, "16": 2}  # float, float16, bfloat16
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    uses: dict[str, list[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            uses.setdefault(name, []).append(node.op_type)
+    for name, tensor in initializers.items():
+        if uses.get(name) == ["Gather"] and len(tensor.dims) == 2 and str(tensor.data_type) in sizes:
+            total -= tensor.dims[0] * tensor.dims[1] * sizes[str(tensor.data_type)]
+    return total
+
+
 # ------------------------------------------------------------------------------------------------ measuring
 
 
@@ -219,11 +242,13 @@ def report(results: dict, builds: dict, bandwidths: list[float], fp32_bytes: int
         f"rounds, x transformers the median of per-round ratios. Weight-read bandwidth, measured each round: "
         f"{' / '.join(f'{b / 1e9:.1f}' for b in bandwidths)} GB/s (median {bandwidth / 1e9:.1f}). Bound = batch x "
         f"bandwidth / bytes read per token: fp32 = parameters x 4 = {fp32_bytes / 1e6:.0f} MB (the tied head read "
-        f"once); quantized = the size of that system's weight files (generous where the embedding table is stored "
-        f"apart from the head)."
+        f"once); quantized = the size of that system's weight files, less an embedding table stored apart from the "
+        f"head (a Gather reads one row of it per token)."
     ]
+    # results[name][round] is None where that round's process failed; ratios pair runs of the same round.
     reference_round = results.get("transformers fp32", [])
-    reference_tokens = reference_round[0]["decode"]["1"]["tokens"] if reference_round else []
+    done = [run for run in reference_round if run]
+    reference_tokens = done[0]["decode"]["1"]["tokens"] if done else []
     for batch in args.batches:
         lines += [
             "",
@@ -236,12 +261,12 @@ def report(results: dict, builds: dict, bandwidths: list[float], fp32_bytes: int
             engine, precision, recipe = SYSTEMS[name]
             rates, ratios = [], []
             for index, run in enumerate(runs):
-                entry = run["decode"].get(str(batch), {})
+                entry = run["decode"].get(str(batch), {}) if run else {}
                 if "seconds" not in entry:
                     continue
                 rate = entry["count"] / entry["seconds"]
                 rates.append(rate)
-                reference = reference_round[index]["decode"].get(str(batch), {}) if reference_round else {}
+                reference = reference_round[index]["decode"].get(str(batch), {}) if reference_round[index] else {}
                 if "seconds" in reference:
                     ratios.append(rate / (reference["count"] / reference["seconds"]))
             if not rates:
@@ -262,11 +287,15 @@ def report(results: dict, builds: dict, bandwidths: list[float], fp32_bytes: int
         "| system | TTFT (ms) | x transformers | prompt tok/s | same tokens | text |",
         "|---|---|---|---|---|---|",
     ]
-    reference_ttft = [run["prefill"]["seconds"] for run in reference_round if run.get("prefill")]
+
+    def ttft(run: dict | None) -> float | None:
+        return run["prefill"]["seconds"] if run and run.get("prefill") else None
+
     for name, runs in results.items():
-        ttfts = [run["prefill"]["seconds"] for run in runs if run.get("prefill")]
-        ratios = [ref / ttft for ref, ttft in zip(reference_ttft, ttfts)]
-        tokens = runs[0]["decode"]["1"]["tokens"]
+        ttfts = [ttft(run) for run in runs if ttft(run)]
+        pairs = zip(map(ttft, reference_round), map(ttft, runs))
+        ratios = [reference / own for reference, own in pairs if reference and own]
+        tokens = next(run for run in runs if run)["decode"]["1"]["tokens"]
         same = first_difference(tokens, reference_tokens)
         text = tokenizer.decode(tokens, skip_special_tokens=True).replace("\n", " ").replace("|", "/")[:70]
         lines.append(
@@ -295,7 +324,8 @@ def main() -> None:
     parser.add_argument("--tolerance", type=float, help="passed to `vaswani export` for the fp32 export")
     parser.add_argument("--fresh", action="store_true", help="build every export and conversion again")
     parser.add_argument("--quick", action="store_true", help="8 tokens, batch 1, 64-token prefill, 1 round")
-    parser.add_argument("--markdown", type=Path, help="also write the tables here")
+    parser.add_argument("--markdown", type=Path, help="also write the tables here (after every round)")
+    parser.add_argument("--worker-timeout", type=float, default=900, help="seconds before a system's run is dropped")
     args = parser.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     if args.quick:
@@ -342,44 +372,57 @@ def main() -> None:
         seconds = times.get(recipe, float("nan"))
         if recipe.startswith("vaswani-onnx-"):
             seconds += times.get("vaswani", 0.0)  # its conversion from the transformers folder counts too
-        builds[name] = {"location": location, "seconds": seconds, "bytes": weight_bytes(location)}
+        builds[name] = {"location": location, "seconds": seconds, "bytes": bytes_read_per_token(location)}
     fp32_bytes = weight_bytes(args.model)  # an fp32 safetensors folder: each parameter (the tied head once) x 4
 
     request = {"prompt": prompt, "long_prompt": long_prompt, "new_tokens": args.new_tokens, "tokens": vocabulary}
-    results: dict[str, list[dict]] = {name: [] for name in builds}
+    results: dict[str, list[dict | None]] = {name: [None] * args.rounds for name in builds}
     bandwidths = []
     order = list(builds)
     for round_index in range(args.rounds):
         bandwidths.append(read_bandwidth(args.threads))
         print(f"round {round_index + 1}/{args.rounds}: bandwidth {bandwidths[-1] / 1e9:.1f} GB/s", flush=True)
         rotated = order[round_index % len(order) :] + order[: round_index % len(order)]
-        # transformers first in every round's list of results, so per-round ratios pair up by index
         for name in rotated:
             engine = SYSTEMS[name][0]
             batches = [1] if engine == "llamacpp" else args.batches
             try:
                 run = run_worker(engine, builds[name]["location"], {**request, "batches": batches}, args)
-            except RuntimeError as error:
+            except (RuntimeError, subprocess.TimeoutExpired) as error:
                 print(f"  {name}: FAILED {str(error)[-500:]}", flush=True)
-                skipped[name] = f"worker failed: {str(error).splitlines()[0]}"
+                skipped[name] = f"worker failed in round {round_index + 1}: {' '.join(str(error).split())[-200:]}"
                 continue
-            results[name].append(run)
+            results[name][round_index] = run
             rates = ", ".join(
                 f"b{b} {v['count'] / v['seconds']:.1f} tok/s" for b, v in run["decode"].items() if "seconds" in v
             )
             ttft = f", TTFT {run['prefill']['seconds'] * 1e3:.0f} ms" if run.get("prefill") else ""
             print(f"  {name}: {rates}{ttft}", flush=True)
-    results = {name: runs for name, runs in results.items() if len(runs) == args.rounds}
-    table = report(results, builds, bandwidths, fp32_bytes, args, tokenizer)
+        write_report(results, builds, bandwidths, fp32_bytes, args, tokenizer, skipped, config, final=False)
+    write_report(results, builds, bandwidths, fp32_bytes, args, tokenizer, skipped, config, final=True)
+
+
+def write_report(results, builds, bandwidths, fp32_bytes, args, tokenizer, skipped, config, final: bool) -> None:
+    """The tables from the rounds so far: printed at the end, written to --markdown after every round (a long run
+    that is stopped keeps its finished rounds)."""
+    measured = {name: runs for name, runs in results.items() if any(runs)}
+    if "transformers fp32" not in measured:
+        return
+    table = report(measured, builds, bandwidths, fp32_bytes, args, tokenizer)
     if skipped:
-        table += "\n\nNot measured: " + "; ".join(f"{name}: {why}" for name, why in skipped.items())
+        table += "\n\nNot measured or incomplete: " + "; ".join(f"{name}: {why}" for name, why in skipped.items())
     versions = subprocess.run(
         [sys.executable, "-c", "import torch, transformers, onnxruntime as o; print(f'torch {torch.__version__}, "
          "transformers {transformers.__version__}, onnxruntime {o.__version__}')"],
         capture_output=True, text=True,
     ).stdout.strip()  # fmt: skip
-    table += f"\n\nvaswani's environment: {versions}; model: {args.model.name} ({config.num_hidden_layers} layers)."
-    print("\n" + table)
+    rounds = f"{len(bandwidths)} of {args.rounds} rounds" if not final else f"{args.rounds} rounds"
+    table += (
+        f"\n\nvaswani's environment: {versions}; model: {args.model.name} ({config.num_hidden_layers} layers); "
+        f"{rounds}."
+    )
+    if final:
+        print("\n" + table)
     if args.markdown:
         args.markdown.write_text(table + "\n")
 
