@@ -23,7 +23,14 @@ from onnx_cases import (  # noqa: E402
     left_padded_prompts,
     right_padded_sources,
 )
-from transformers import GenerationMixin, StoppingCriteria, StoppingCriteriaList, pipeline  # noqa: E402
+from transformers import (  # noqa: E402
+    GenerationMixin,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    pipeline,
+)
 from transformers.modeling_outputs import BaseModelOutput  # noqa: E402
 
 from vaswani import VaswaniForCausalLM  # noqa: E402
@@ -79,6 +86,32 @@ def test_greedy_generation_of_a_left_padded_batch_matches_pytorch(load, transfor
     )
     assert torch.equal(actual, expected)
     assert transformers_loop_runs == expected_loop_runs(loop, ort_model)
+
+
+def test_cpu_generation_runs_torch_single_threaded_and_restores_its_threads(load):
+    """On the CPU, torch's per-step work inside generate() (logits copy, processors, argmax) runs on one thread, as
+    its OpenMP threads would compete with ONNX Runtime's for the cores; the caller's setting is back afterwards,
+    also when generate() raises."""
+    _, ort_model = load(OrtModelForCausalLM, "decoder-rope-gqa")
+    seen = []
+
+    class RecordThreads(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            seen.append(torch.get_num_threads())
+            return scores
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        processors = LogitsProcessorList([RecordThreads()])
+        ort_model.generate(random_ids(1, 4), max_new_tokens=3, do_sample=False, logits_processor=processors)
+        assert seen == [1, 1, 1]
+        assert torch.get_num_threads() == 2
+        with pytest.raises(ValueError):
+            ort_model.generate(random_ids(1, 4), max_new_tokens=-1)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(saved)
 
 
 @pytest.mark.parametrize("name", DECODERS)

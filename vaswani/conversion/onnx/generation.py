@@ -16,6 +16,8 @@ memory.
 """
 
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -27,6 +29,17 @@ from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPas
 
 from .runtime import OrtModel, check_unsupported_arguments
 from .session import TENSOR_DTYPES, OrtGraph
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's intra-op thread count set to `count` inside the block, restored after it."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 class KVBuffers:
@@ -97,6 +110,19 @@ class OrtModelForGeneration(OrtModel, GenerationMixin):
         self.present_names = [f"present.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
         self.cache_dtype = TENSOR_DTYPES[graph.inputs[self.past_names[0]]["dtype"]][1]
         self.kv_buffers: weakref.WeakKeyDictionary[Cache, KVBuffers] = weakref.WeakKeyDictionary()
+
+    def generate(self, *args, **kwargs):
+        """transformers' `GenerationMixin.generate`; on the CPU, torch's own per-step work runs on one thread.
+
+        Why: each step's torch work (the last logits' copy, processors, argmax over the vocabulary) is on vectors,
+        and torch splits those across its OpenMP threads, which then compete for the cores with ONNX Runtime's
+        intra-op threads (still spinning from the step's run). On 2 cores that cost 20-40 ms per token, more than
+        the graph itself; single-threaded it is under 4 ms. ONNX Runtime keeps its own threads.
+        """
+        if self.device.type != "cpu":
+            return super().generate(*args, **kwargs)
+        with torch_threads(1):
+            return super().generate(*args, **kwargs)
 
     @classmethod
     def can_generate(cls) -> bool:
