@@ -351,6 +351,22 @@ def test_cli_refuses_a_non_empty_output_without_overwrite(decoder_folder, tmp_pa
     assert [path.name for path in output.iterdir()] == ["keep.txt"] and (output / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--quantize", "int8", "--block-size", "7"], "block_size=7 is not supported; use one of (16, 32, 64, 128)"),
+        (["--block-size", "32"], "apply to quantized exports: pass quantize='int8' or 'int4'"),
+        (["--quantize", "int4", "--dtype", "fp16"], "use dtype='fp32', device='cpu'"),
+    ],
+    ids=["odd_block_size", "block_size_without_quantize", "quantized_fp16"],
+)
+def test_bad_quantization_options_are_clear_errors_before_any_work(decoder_folder, tmp_path, capsys, options, message):
+    _, source = decoder_folder
+    assert main(["export", "--model", str(source), "--output", str(tmp_path / "out"), *options]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_unsupported_task_is_a_clear_error(decoder_folder, tmp_path, capsys):
     _, source = decoder_folder
     assert main(["export", "--model", str(source), "--task", "fill-mask", "--output", str(tmp_path / "out")]) == 2
