@@ -204,18 +204,15 @@ def decoder_config(encoding: str, setup: DecoderSetup, vocab_size: int, tokenize
     )
 
 
-def train_decoder(model: VaswaniForCausalLM, data: torch.Tensor, setup: DecoderSetup, seed: int, desc: str) -> float:
-    """AdamW with the demo's warmup + cosine schedule on random windows of `train_length` tokens; returns the mean
-    loss of the last tenth of the steps."""
-    generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=setup.learning_rate, betas=(0.9, 0.95), weight_decay=0.1)
+def train_steps(model, optimizer, steps: int, learning_rate: float, batch_loss, desc: str) -> float:
+    """`steps` optimizer steps on `batch_loss()` with the demo's warmup + cosine schedule and gradient clipping at 1;
+    returns the mean loss of the last tenth of the steps."""
     losses = []
     model.train()
-    for step in tqdm(range(setup.steps), desc=desc, leave=False, mininterval=5):
+    for step in tqdm(range(steps), desc=desc, leave=False, mininterval=5):
         for group in optimizer.param_groups:
-            group["lr"] = demo.learning_rate(step / setup.steps, setup.learning_rate)
-        batch = demo.random_batch(data, setup.train_length, setup.batch_size, generator)
-        loss = model(batch, labels=batch).loss
+            group["lr"] = demo.learning_rate(step / steps, learning_rate)
+        loss = batch_loss()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -224,6 +221,18 @@ def train_decoder(model: VaswaniForCausalLM, data: torch.Tensor, setup: DecoderS
     model.eval()
     tail = losses[-max(1, len(losses) // 10) :]
     return sum(tail) / len(tail)
+
+
+def train_decoder(model: VaswaniForCausalLM, data: torch.Tensor, setup: DecoderSetup, seed: int, desc: str) -> float:
+    """AdamW on random windows of `train_length` tokens (`train_steps`)."""
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=setup.learning_rate, betas=(0.9, 0.95), weight_decay=0.1)
+
+    def batch_loss() -> torch.Tensor:
+        batch = demo.random_batch(data, setup.train_length, setup.batch_size, generator)
+        return model(batch, labels=batch).loss
+
+    return train_steps(model, optimizer, setup.steps, setup.learning_rate, batch_loss, desc)
 
 
 @torch.no_grad()
@@ -372,24 +381,15 @@ def reversal_config(encoding: str, setup: ReversalSetup) -> VaswaniSeq2SeqConfig
 
 
 def train_reversal(model: VaswaniForConditionalGeneration, setup: ReversalSetup, seed: int, desc: str) -> float:
-    """Adam on fresh random strings every step, warmup + cosine; returns the mean loss of the last tenth of steps."""
+    """Adam on fresh random strings every step (`train_steps`)."""
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=setup.learning_rate, weight_decay=0.0)
-    losses = []
-    model.train()
-    for step in tqdm(range(setup.steps), desc=desc, leave=False, mininterval=5):
-        for group in optimizer.param_groups:
-            group["lr"] = demo.learning_rate(step / setup.steps, setup.learning_rate)
+
+    def batch_loss() -> torch.Tensor:
         texts = reversal.random_strings(setup.batch_size, setup.min_length, setup.max_length, generator)
-        loss = model(**reversal.encode(texts)).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())
-    model.eval()
-    tail = losses[-max(1, len(losses) // 10) :]
-    return sum(tail) / len(tail)
+        return model(**reversal.encode(texts)).loss
+
+    return train_steps(model, optimizer, setup.steps, setup.learning_rate, batch_loss, desc)
 
 
 def evaluate_reversal(model: VaswaniForConditionalGeneration, encoding: str, seed: int, setup: ReversalSetup) -> list[dict]:
