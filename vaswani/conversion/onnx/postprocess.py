@@ -40,9 +40,9 @@ class WeightQuantization:
         _import_quantizer()
         from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig
 
-        # Round to nearest from each block's min/max. ONNX Runtime's HQQ fits 4-bit blocks much better (perplexity
-        # +0.1% instead of +22% on SmolLM2-135M) but stores float zero points, which have no fast MatMulNBits kernel
-        # on CPU: decode ran 60x slower per matmul.
+        # Round to nearest from each block's min/max. ONNX Runtime's HQQ fits 4-bit blocks much better on SmolLM2-135M
+        # (+0.1-0.3% perplexity instead of +13-22%, flattered by that checkpoint's 4-bit origin) but stores float zero
+        # points, which have no fast MatMulNBits kernel on CPU: 60x slower per matmul.
         return DefaultWeightOnlyQuantConfig(
             block_size=self.block_size,
             is_symmetric=self.symmetric or bits == 8,
@@ -54,8 +54,9 @@ class WeightQuantization:
         return asdict(self)
 
 
-# `quantize=` argument -> its format. Perplexity on SmolLM2-135M-Instruct (30 layers; docs/deployment.md): int8
-# +0.3-0.6%; int4 +22% with an 8-bit head (+44% with the head in 4 bits too), +12% with `block_size=16`.
+# `quantize=` argument -> its format. Perplexity on SmolLM2-135M-Instruct (30 layers; docs/deployment.md, over 1,024
+# and 512 tokens of text): int8 +0.6% / +0.5%; int4 +12.8% / +21.9% with an 8-bit head (+44% with the head in 4 bits
+# too), +12% over 512 tokens with `block_size=16`.
 QUANTIZATIONS = {
     "int8": WeightQuantization("int8-weight-only", bits=8, symmetric=True),
     "int4": WeightQuantization("int4-weight-only", bits=4, symmetric=False),
