@@ -33,6 +33,18 @@ Run:
         --engines ~/.cache/vaswani-bench-engines --rounds 3 --markdown docs/results/benchmark_engines_cpu.md
     python scripts/benchmark_engines.py --model /tmp/smol/hf --quick     # 8 tokens, 1 round: checks the set-up
 
+The seq2seq family (`--seq2seq`): the BART-shaped reference model (vocab 8000, d_model 512, 6+6 layers, 8 heads,
+FFN 2048, learned positions, post-LN, GELU; seeded random weights and a tokenizer trained on the package's corpus,
+built by `--make-reference-bart`) as transformers' BartForConditionalGeneration, against vaswani's PyTorch model
+and ONNX export (`vaswani convert`, then `vaswani export --task text2text-generation`, fp32 and `--quantize int8`)
+and CTranslate2's Translator (float32, int8), each also at 1 thread, and CTranslate2 also with its oneDNN backend
+(SYSTEM_SETTINGS: its default, MKL, ran 2 threads slower than 1 on our VM); a 32-token source, `--new-tokens`
+greedy tokens, batch 1:
+
+    python scripts/benchmark_engines.py --seq2seq --make-reference-bart --model /tmp/bart-reference \
+        --engines ~/.cache/vaswani-bench-engines --new-tokens 128 --rounds 3 --work-dir outputs/engines-seq2seq \
+        --markdown docs/results/benchmark_engines_seq2seq_cpu.md
+
 Exports and conversions are kept in `--work-dir` and reused (their first build time is recorded in
 `build_times.json` there); `--fresh` builds them again. An engine whose venv is missing is skipped and listed.
 """
@@ -63,6 +75,36 @@ SYSTEMS = {
     "onnxruntime-genai int4": ("ortgenai", "4-bit", "ortgenai-int4"),
     "llama.cpp Q4_1": ("llamacpp", "4-bit", "gguf"),
 }
+DECODER_SYSTEMS = list(SYSTEMS)
+# Settings other than --threads threads and the engine's defaults: on the 2-vCPU VM of the seq2seq figures,
+# CTranslate2's default GEMM backend (Intel MKL) ran 2 intra-op threads at half the speed of 1, while its oneDNN
+# backend (CT2_USE_MKL=0) did not; each engine is also shown at the setting that suits it best.
+SYSTEM_SETTINGS = {
+    "vaswani ORT fp32, 1 thread": {"threads": 1},
+    "vaswani ORT int8, 1 thread": {"threads": 1},
+    "CTranslate2 fp32, 1 thread": {"threads": 1},
+    "CTranslate2 int8, 1 thread": {"threads": 1},
+    "CTranslate2 fp32, oneDNN": {"env": {"CT2_USE_MKL": "0"}},
+    "CTranslate2 int8, oneDNN": {"env": {"CT2_USE_MKL": "0"}},
+}
+for _name in SYSTEM_SETTINGS:
+    SYSTEMS[_name] = SYSTEMS[_name.split(",")[0]]
+# --seq2seq: the BART-shaped encoder-decoder against CTranslate2's Translator (onnxruntime-genai and llama.cpp run
+# decoders only).
+SEQ2SEQ_SYSTEMS = [
+    "transformers fp32",
+    "vaswani PyTorch fp32",
+    "vaswani ORT fp32",
+    "vaswani ORT fp32, 1 thread",
+    "CTranslate2 fp32",
+    "CTranslate2 fp32, 1 thread",
+    "CTranslate2 fp32, oneDNN",
+    "vaswani ORT int8",
+    "vaswani ORT int8, 1 thread",
+    "CTranslate2 int8",
+    "CTranslate2 int8, 1 thread",
+    "CTranslate2 int8, oneDNN",
+]
 ENGINE_VENVS = {"ortgenai": "ortgenai", "ctranslate2": "ctranslate2", "llamacpp": "llamacpp"}
 
 
@@ -114,7 +156,7 @@ def build(recipe: str, args: argparse.Namespace, times: dict) -> Path:
             "--output",
             out,
             "--task",
-            "text-generation",
+            "text2text-generation" if args.seq2seq else "text-generation",
             "--overwrite",
         ]
         command += [] if precision == "fp32" else ["--quantize", precision]
@@ -145,6 +187,60 @@ def set_ortgenai_threads(folder: Path, threads: int) -> None:
     config = json.loads(path.read_text())
     config["model"]["decoder"].setdefault("session_options", {})["intra_op_num_threads"] = threads
     path.write_text(json.dumps(config, indent=4))
+
+
+def build_reference_bart(folder: Path, seed: int = 0) -> None:
+    """The BART-shaped reference model (vocab 8000, d_model 512, 6+6 layers, 8 heads, FFN 2048, learned positions,
+    post-LN, GELU: scripts/benchmark.py's BART_SHAPE) as a transformers folder that CTranslate2's converter accepts:
+    BartForConditionalGeneration with seeded random weights and a byte-level BPE tokenizer trained on the
+    package's story corpus. Nothing is downloaded.
+
+    The corpus has too few frequent pairs for 8000 merges, so the vocabulary is filled up to the model's 8000 rows
+    with placeholder tokens: every id the model can emit then has a token string, which CTranslate2 needs (it takes
+    and returns tokens, not ids). CTranslate2's converter also needs an unknown token and reads
+    `config.normalize_before`, a field transformers 5 dropped from BartConfig (False: BART is post-LN)."""
+    import torch
+    from benchmark import BART_SHAPE  # scripts/benchmark.py
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from vaswani.data import corpus_stories
+    from vaswani.tokenization import train_tokenizer
+
+    vocab_size = BART_SHAPE["vocab_size"]
+    tokenizer = train_tokenizer(corpus_stories(), vocab_size=vocab_size, model_max_length=1024)
+    tokenizer.add_special_tokens({"unk_token": "<|unk|>"})
+    tokenizer.add_tokens([f"<|unused_{index}|>" for index in range(vocab_size - len(tokenizer))])
+    config = BartConfig(
+        **BART_SHAPE,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        decoder_start_token_id=tokenizer.eos_token_id,
+        forced_eos_token_id=None,  # BartConfig's default forces end-of-sequence as the last token; CTranslate2 does not
+        normalize_before=False,
+    )
+    torch.manual_seed(seed)
+    BartForConditionalGeneration(config).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def seq2seq_step_parameters(folder: Path) -> int:
+    """Parameters one decoder step of a BART folder reads: the decoder's layers (less the cross-attention key and
+    value projections, applied to the encoder's output once per sequence), its layer norms and the LM head (the
+    shared embedding, read once); the learned position table is only gathered from (one row per token)."""
+    from safetensors import safe_open
+
+    total = 0
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
+        for name in weights.keys():
+            shape = weights.get_slice(name).get_shape()
+            size = 1
+            for dimension in shape:
+                size *= dimension
+            cross_key_value = "encoder_attn.k_proj" in name or "encoder_attn.v_proj" in name
+            in_step = name.startswith("model.decoder.") and "embed_positions" not in name and not cross_key_value
+            total += size if in_step or name in ("model.shared.weight", "final_logits_bias") else 0
+    return total
 
 
 def weight_bytes(location: Path) -> int:
@@ -194,15 +290,17 @@ def read_bandwidth(threads: int, gigabytes: float = 1.0) -> float:
     return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
-def run_worker(engine: str, location: Path, request: dict, args: argparse.Namespace) -> dict:
-    request = {**request, "engine": engine, "model": str(location), "threads": args.threads}
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
+def run_worker(engine: str, location: Path, request: dict, args: argparse.Namespace, settings: dict) -> dict:
+    threads = settings.get("threads", args.threads)
+    request = {**request, "engine": engine, "model": str(location), "threads": threads}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false", **settings.get("env", {})}
     result = subprocess.run(
         [str(engine_python(engine, args)), str(WORKER)],
         input=json.dumps(request),
         capture_output=True,
         text=True,
         env=env,
+        timeout=args.worker_timeout,
     )
     for line in result.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -230,16 +328,33 @@ def first_difference(tokens: list[int], reference: list[int]) -> int:
 
 def report(results: dict, builds: dict, bandwidths: list[float], fp32_bytes: int, args, tokenizer) -> str:
     bandwidth = max(bandwidths)  # other jobs only lower a probe: the highest is closest to what the machine sustains
+    if args.seq2seq:
+        workload = (
+            f"source: the first {args.prompt_length} tokens of the package's story corpus, {args.new_tokens} greedy "
+            f"tokens (end-of-sequence cannot stop them early), the encoder's run included"
+        )
+        bound_rule = (
+            f"fp32 = 4 bytes x the parameters a decoder step reads (decoder layers less the cross-attention key and "
+            f"value projections, which run once per sequence; the head shared with the embedding) = "
+            f"{fp32_bytes / 1e6:.0f} MB; 8-bit = 1 byte x the same parameters (scales left out: a slightly high bound)"
+        )
+    else:
+        workload = (
+            f"prompt: the chat template around a fixed question ({args.prompt_length} tokens), {args.new_tokens} "
+            f"greedy tokens; time to first token for a {args.prefill_tokens}-token prompt"
+        )
+        bound_rule = (
+            f"fp32 = parameters x 4 = {fp32_bytes / 1e6:.0f} MB (the tied head read once); quantized = the size of "
+            f"that system's weight files, less an embedding table stored apart from the head (a Gather reads one "
+            f"row of it per token)"
+        )
     lines = [
-        f"CPU, {args.threads} threads; prompt: the chat template around a fixed question ({args.prompt_length} "
-        f"tokens), {args.new_tokens} greedy tokens; time to first token for a {args.prefill_tokens}-token prompt. "
+        f"CPU, {args.threads} threads; {workload}. "
         f"Each system in a process of its own, {args.rounds} rounds in rotated order; tok/s is the median over "
         f"rounds, x transformers the median of per-round ratios; other jobs on a shared machine only slow a run "
         f"down, so the best round is shown too. Weight-read bandwidth, measured each round: "
         f"{' / '.join(f'{b / 1e9:.1f}' for b in bandwidths)} GB/s (highest {bandwidth / 1e9:.1f}). Bound = batch x "
-        f"bandwidth / bytes read per token: fp32 = parameters x 4 = {fp32_bytes / 1e6:.0f} MB (the tied head read "
-        f"once); quantized = the size of that system's weight files, less an embedding table stored apart from the "
-        f"head (a Gather reads one row of it per token)."
+        f"bandwidth / bytes read per token: {bound_rule}."
     ]
     # results[name][round] is None where that round's process failed; ratios pair runs of the same round.
     reference_round = results.get("transformers fp32", [])
@@ -248,7 +363,8 @@ def report(results: dict, builds: dict, bandwidths: list[float], fp32_bytes: int
     for batch in args.batches:
         lines += [
             "",
-            f"**Decode, batch {batch}** ({batch} x {args.new_tokens} tokens per run, prompt prefill included)",
+            f"**Decode, batch {batch}** ({batch} x {args.new_tokens} tokens per run, "
+            f"{'the encoder' if args.seq2seq else 'prompt prefill'} included)",
             "",
             "| system | precision | tok/s (median) | x transformers | fraction of bound | best round tok/s "
             "(fraction) | build time (s) |",
@@ -276,6 +392,20 @@ def report(results: dict, builds: dict, bandwidths: list[float], fp32_bytes: int
                 f"| {name} | {precision} | {fmt(rate)} | {fmt(median(ratios), 2)} | {rate / bound:.0%} of "
                 f"{bound:.0f} | {fmt(best)} ({best / bound:.0%}) | {fmt(builds[name]['seconds'], 0)} |"
             )
+    if not args.prefill_tokens:  # no time-to-first-token runs: agreement only
+        lines += [
+            "",
+            "**Agreement** (batch 1; greedy tokens equal to transformers fp32's before the first difference; how many "
+            "distinct tokens the output has: a model with random weights tends to repeat one token)",
+            "",
+            "| system | same tokens | distinct tokens |",
+            "|---|---|---|",
+        ]
+        for name, runs in results.items():
+            tokens = next(run for run in runs if run)["decode"]["1"]["tokens"]
+            same = first_difference(tokens, reference_tokens)
+            lines.append(f"| {name} | {same}/{len(tokens)} | {len(set(tokens))} |")
+        return "\n".join(lines)
     lines += [
         "",
         f"**Prefill and quality** (batch 1; time to first token for {args.prefill_tokens} prompt tokens; greedy "
@@ -307,7 +437,8 @@ def report(results: dict, builds: dict, bandwidths: list[float], fp32_bytes: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, required=True, help="a transformers LLaMA-family model folder")
+    parser.add_argument("--model", type=Path, required=True,
+                        help="a transformers LLaMA-family model folder (with --seq2seq: a BART one)")  # fmt: skip
     parser.add_argument("--gguf", type=Path, help="the same model as GGUF, for llama.cpp")
     parser.add_argument("--engines", type=Path, default=Path.home() / ".cache" / "vaswani-bench-engines",
                         help="the folder scripts/benchmark_engines/setup.sh filled")  # fmt: skip
@@ -316,8 +447,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--prefill-tokens", type=int, default=512)
+    parser.add_argument("--batches", help="comma-separated batch sizes (default 1,8; with --seq2seq 1)")
+    parser.add_argument("--prefill-tokens", type=int, default=512, help="0: no time-to-first-token run")
+    parser.add_argument(
+        "--seq2seq",
+        action="store_true",
+        help="the encoder-decoder comparison: --model is a BART folder; systems: "
+        f"{', '.join(SEQ2SEQ_SYSTEMS)}; a --source-tokens source from the package's story corpus",
+    )
+    parser.add_argument("--source-tokens", type=int, default=32, help="with --seq2seq: length of the source")
+    parser.add_argument("--make-reference-bart", action="store_true",
+                        help="with --seq2seq: first build the BART-shaped reference model (seeded random weights, "
+                        "a locally trained tokenizer) at --model, unless it is there")  # fmt: skip
     parser.add_argument("--tolerance", type=float, help="passed to `vaswani export` for the fp32 export")
     parser.add_argument("--fresh", action="store_true", help="build every export and conversion again")
     parser.add_argument("--quick", action="store_true", help="8 tokens, batch 1, 64-token prefill, 1 round")
@@ -325,14 +466,22 @@ def main() -> None:
     parser.add_argument("--from-results", action="store_true", help="re-render --work-dir/results.json, run nothing")
     parser.add_argument("--worker-timeout", type=float, default=900, help="seconds before a system's run is dropped")
     args = parser.parse_args()
-    args.batches = [int(b) for b in args.batches.split(",")]
+    args.batches = [int(b) for b in (args.batches or ("1" if args.seq2seq else "1,8")).split(",")]
+    if args.seq2seq:
+        args.prefill_tokens = 0  # time to first token is a decoder-only (prompt processing) workload
     if args.quick:
-        args.new_tokens, args.batches, args.prefill_tokens, args.rounds = 8, [1], 64, 1
+        args.new_tokens, args.batches, args.prefill_tokens, args.rounds = 8, [1], min(args.prefill_tokens, 64), 1
+    if args.make_reference_bart and not args.seq2seq:
+        parser.error("--make-reference-bart builds a seq2seq model; add --seq2seq")
+    if args.make_reference_bart and not (args.model / "config.json").is_file():
+        print(f"building the BART-shaped reference model at {args.model}", flush=True)
+        build_reference_bart(args.model)
     if not (args.model / "config.json").is_file():
         parser.error(f"--model {args.model} has no config.json; pass a transformers model folder (see the docstring)")
-    names = args.systems.split(",") if args.systems else list(SYSTEMS)
-    if unknown := [name for name in names if name not in SYSTEMS]:
-        parser.error(f"unknown systems {unknown}; choose from {list(SYSTEMS)}")
+    allowed = SEQ2SEQ_SYSTEMS if args.seq2seq else DECODER_SYSTEMS
+    names = args.systems.split(",") if args.systems else list(allowed)
+    if unknown := [name for name in names if name not in allowed]:
+        parser.error(f"unknown systems {unknown}; choose from {allowed}")
     if "transformers fp32" not in names:
         names.insert(0, "transformers fp32")  # the reference every ratio is taken against
     args.work_dir.mkdir(parents=True, exist_ok=True)
@@ -340,10 +489,15 @@ def main() -> None:
     from transformers import AutoConfig, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": CHAT_QUESTION}], add_generation_prompt=True, tokenize=True, return_dict=False
-    )
-    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    if args.seq2seq:  # the start of the corpus's first story, as many tokens as asked for
+        from vaswani.data import corpus_text
+
+        prompt = tokenizer(corpus_text()[: 20 * args.source_tokens])["input_ids"][: args.source_tokens]
+    else:
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": CHAT_QUESTION}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
     args.prompt_length = len(prompt)
     long_prompt = (prompt * (args.prefill_tokens // len(prompt) + 1))[: args.prefill_tokens]
     vocabulary = [tokenizer.convert_ids_to_tokens(i) for i in range(len(tokenizer))]
@@ -379,8 +533,14 @@ def main() -> None:
             seconds += times.get("vaswani", 0.0)  # its conversion from the transformers folder counts too
         builds[name] = {"location": location, "seconds": seconds, "bytes": bytes_read_per_token(location)}
     fp32_bytes = weight_bytes(args.model)  # an fp32 safetensors folder: each parameter (the tied head once) x 4
+    if args.seq2seq:  # a decoder step reads the decoder and the head, not the encoder (run once per sequence)
+        step_parameters = seq2seq_step_parameters(args.model)
+        fp32_bytes = step_parameters * 4
+        for name, built in builds.items():  # 8-bit: one byte a weight (scales left out, so the bound is a bit high)
+            built["bytes"] = step_parameters * (4 if SYSTEMS[name][1] == "fp32" else 1)
 
     request = {"prompt": prompt, "long_prompt": long_prompt, "new_tokens": args.new_tokens, "tokens": vocabulary}
+    request["seq2seq"] = args.seq2seq
     results: dict[str, list[dict | None]] = {name: [None] * args.rounds for name in builds}
     bandwidths = []
     order = list(builds)
@@ -392,7 +552,8 @@ def main() -> None:
             engine = SYSTEMS[name][0]
             batches = [1] if engine == "llamacpp" else args.batches
             try:
-                run = run_worker(engine, builds[name]["location"], {**request, "batches": batches}, args)
+                location, settings = builds[name]["location"], SYSTEM_SETTINGS.get(name, {})
+                run = run_worker(engine, location, {**request, "batches": batches}, args, settings)
             except (RuntimeError, subprocess.TimeoutExpired) as error:
                 print(f"  {name}: FAILED {str(error)[-500:]}", flush=True)
                 skipped[name] = f"worker failed in round {round_index + 1}: {' '.join(str(error).split())[-200:]}"

@@ -30,7 +30,7 @@ def timed(function):
 # `new_tokens` per row: end-of-sequence tokens are not allowed to stop generation early).
 
 
-def torch_generate(model):
+def torch_generate(model, seq2seq: bool = False):
     import torch
 
     def generate(rows, new_tokens):
@@ -44,7 +44,8 @@ def torch_generate(model):
                 do_sample=False,
                 pad_token_id=0,
             )
-        return out[:, ids.shape[1] :].tolist()
+        # A decoder returns the prompt and the new tokens; an encoder-decoder its decoder-start token and the new ones.
+        return out[:, 1 if seq2seq else ids.shape[1] :].tolist()
 
     return generate
 
@@ -55,7 +56,7 @@ def load_transformers(request):
 
     torch.set_num_threads(request["threads"])
     auto = AutoModelForSeq2SeqLM if request.get("seq2seq") else AutoModelForCausalLM
-    return torch_generate(auto.from_pretrained(request["model"]).eval())
+    return torch_generate(auto.from_pretrained(request["model"]).eval(), bool(request.get("seq2seq")))
 
 
 def load_vaswani_torch(request):
@@ -73,7 +74,7 @@ def load_vaswani_ort(request):
     torch.set_num_threads(request["threads"])
     ort_class = OrtModelForSeq2SeqLM if request.get("seq2seq") else OrtModelForCausalLM
     model = ort_class.from_pretrained(request["model"], session_options=default_session_options(request["threads"]))
-    return torch_generate(model)
+    return torch_generate(model, bool(request.get("seq2seq")))
 
 
 def load_ortgenai(request):
@@ -102,6 +103,7 @@ def load_ctranslate2(request):
     if request.get("seq2seq"):
         translator = ctranslate2.Translator(request["model"], device="cpu", inter_threads=1, intra_threads=threads)
         tokens = request["tokens"]  # id -> token string, as CTranslate2 takes tokens
+        ids = {token: index for index, token in enumerate(tokens)}  # its Translator returns token strings only
 
         def generate(rows, new_tokens):
             results = translator.translate_batch(
@@ -110,7 +112,7 @@ def load_ctranslate2(request):
                 max_decoding_length=new_tokens,
                 min_decoding_length=new_tokens,
             )
-            return [result.hypotheses_ids[0] if hasattr(result, "hypotheses_ids") else [] for result in results]
+            return [[ids[token] for token in result.hypotheses[0]] for result in results]
 
         return generate
 
