@@ -4,27 +4,16 @@ nothing (tiny models, four steps); only their form is checked here, plus the two
 can be pinned down exactly: RoPE scalings set at inference, and sliding-window perplexity."""
 
 import csv
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from test_textbook_tasks import load_script
 
 from vaswani import VaswaniDecoderConfig, VaswaniForCausalLM
 from vaswani.modeling.configuration import POSITION_EMBEDDING_TYPES
-
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
-def load_script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ int8) -> ONNX Runtime generation -> perplexity, and writes its table. Converted 
 `apply_chat_template` + `generate` and through the text-generation pipeline with messages, with PyTorch's tokens.
 """
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,24 +13,18 @@ from transformers import LlamaConfig, LlamaForCausalLM, pipeline
 
 pytest.importorskip("onnxruntime")
 
+from test_textbook_tasks import load_script  # noqa: E402
+
 from vaswani.conversion import OrtModelForCausalLM  # noqa: E402
 from vaswani.data import corpus_stories  # noqa: E402
 from vaswani.tokenization import train_tokenizer  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "real_model.py"
 # ChatML, as SmolLM2 and Qwen2 use.
 TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 MESSAGES = [{"role": "user", "content": "Tell me about the little cat."}]
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("real_model", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +52,7 @@ def script_run(chat_checkpoint, tmp_path_factory):
     text = tmp_path_factory.mktemp("text") / "held_out.txt"
     text.write_text("\n\n".join(corpus_stories()[-20:]), encoding="utf-8")
     output = tmp_path_factory.mktemp("run")
-    script = load_script()
+    script = load_script("real_model")
     arguments = ["--model", str(chat_checkpoint), "--text", str(text), "--output", str(output)]
     rows = script.run(script.parse_args([*arguments, "--formats", "fp32", "int8", "--new-tokens", "8", "--max-tokens", "300"]))
     return output, rows
@@ -83,7 +76,7 @@ def test_the_script_runs_the_whole_path_and_writes_its_table(script_run):
 
 def test_converted_and_exported_models_chat_with_pytorchs_tokens(script_run):
     output, _ = script_run
-    script = load_script()
+    script = load_script("real_model")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(output / "vaswani")
