@@ -198,6 +198,22 @@ def test_stopping_criteria_are_honoured(load, loop):
     assert expected.shape[1] < input_ids.shape[1] + NEW_TOKENS  # the criterion did stop generation
 
 
+@pytest.mark.parametrize("loop", LOOPS)
+def test_minimum_lengths_are_honoured(load, transformers_loop_runs, loop):
+    """min_new_tokens / min_length hold back an end-of-sequence token that would otherwise come early (the lean loop
+    applies them in place of transformers' processors)."""
+    pytorch_model, ort_model = load(OrtModelForCausalLM, "decoder-rope-gqa")
+    input_ids, attention_mask = left_padded_prompts()
+    prompt = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=NEW_TOKENS)
+    free_run, _ = generate_both(pytorch_model, ort_model, loop, **prompt, eos_token_id=None)
+    eos = int(free_run[0, input_ids.shape[1] + 1])  # row 0's second new token
+    for minimum in (dict(min_new_tokens=NEW_TOKENS - 1), dict(min_length=input_ids.shape[1] + NEW_TOKENS - 1)):
+        expected, actual = generate_both(pytorch_model, ort_model, loop, **prompt, eos_token_id=eos, **minimum)
+        assert torch.equal(actual, expected)
+        assert (expected[:, input_ids.shape[1] : -1] != eos).all()  # held back until the last step
+    assert transformers_loop_runs == expected_loop_runs(loop, ort_model) * 3
+
+
 @pytest.mark.parametrize("name", DECODERS)
 def test_forward_with_cache_matches_pytorch_logits_and_cache(load, name):
     """The prompt of a left-padded batch, then two single-token steps through the returned cache."""

@@ -27,6 +27,7 @@ from transformers import GenerationConfig, GenerationMixin
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast, Seq2SeqLMOutput
 
+from .lean_steps import apply_processors, greedy_tokens, lean_logits_processors
 from .runtime import OrtModel, check_unsupported_arguments
 from .session import TENSOR_DTYPES, OrtGraph
 
@@ -212,15 +213,17 @@ class OrtModelForGeneration(OrtModel, GenerationMixin):
         # As in transformers, the bookkeeping (ids, processors, criteria) stays on the device of the user's input.
         unfinished = torch.ones(batch, dtype=torch.long, device=input_ids.device)
         past = self.empty_past(batch)
+        processors = lean_logits_processors(logits_processor)
         while True:
             logits, past = self.run_decoding_graph({**inputs, "input_ids": tokens}, past, buffers)
-            # A float32 copy, as in transformers: processors may modify the scores in place.
-            next_logits = logits[:, -1].to(dtype=torch.float32, device=input_ids.device, copy=True)
-            scores = logits_processor(input_ids, next_logits)
+            # Float32, as in transformers. No copy: processors may modify the scores in place, and they are already
+            # this step's own tensor (ONNX Runtime allocates the logits anew for every run).
+            next_logits = logits[:, -1].to(dtype=torch.float32, device=input_ids.device)
+            scores = apply_processors(processors, input_ids, next_logits)
             if generation_config.do_sample:
                 next_tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
             else:
-                next_tokens = torch.argmax(scores, dim=-1)
+                next_tokens = greedy_tokens(scores)
             if has_eos_stopping_criteria:
                 # Finished sequences are padded.
                 next_tokens = next_tokens * unfinished + pad_token_id * (1 - unfinished)
