@@ -21,7 +21,8 @@ CONTRACT_SHAPES = {
     ("generation", "rope"): {  # 2 key/value heads
         "attention_mask": ["batch", "past_sequence + sequence"],
         "past_key_values.1.value": ["batch", 2, "past_sequence", 8],
-        "logits": ["batch", "sequence", 64],
+        "logits_positions": ["logits_sequence"],
+        "logits": ["batch", "logits_sequence", 64],
         "present.1.value": ["batch", 2, "past_sequence + sequence", 8],
     },
     ("seq2seq", "relative_bias"): {  # 2 key/value heads
@@ -59,7 +60,14 @@ def test_manifest_describes_the_graphs_and_weights_are_external(exported, key):
             ]
             assert described == specs
         axes = {axis for spec in graph["inputs"] + graph["outputs"] for axis in spec["shape"] if isinstance(axis, str)}
-        assert axes <= {"batch", "sequence", "past_sequence", "past_sequence + sequence", "encoder_sequence"}
+        assert axes <= {
+            "batch",
+            "sequence",
+            "past_sequence",
+            "past_sequence + sequence",
+            "encoder_sequence",
+            "logits_sequence",
+        }
         external = [tensor for tensor in model.graph.initializer if tensor.data_location == onnx.TensorProto.EXTERNAL]
         assert external and all(
             entry.value == f"{graph['file']}.data"

@@ -78,7 +78,10 @@ def ort_greedy_causal(folder, prompt, mask):
     ids, mask, past, tokens = prompt.numpy(), mask.numpy(), empty_past(graph, prompt.shape[0]), []
     for _ in range(NEW_TOKENS):
         positions = positions_from_mask(torch.from_numpy(mask))[:, -ids.shape[1] :].numpy()
-        outputs = run(session, graph, {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **past})
+        last = np.array([ids.shape[1] - 1])  # only the last position's logits are needed
+        feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "logits_positions": last}
+        outputs = run(session, graph, {**feeds, **past})
+        assert outputs["logits"].shape[1] == 1
         ids = outputs["logits"][:, -1].argmax(-1)[:, None]
         tokens.append(ids)
         mask, past = np.concatenate([mask, np.ones_like(ids)], axis=1), next_past(outputs)
@@ -132,7 +135,8 @@ def test_text_generation_export_validates_and_generates_pytorch_tokens(exported,
     caches = [
         f"past_key_values.{layer}.{part}" for layer in range(config.num_hidden_layers) for part in ("key", "value")
     ]
-    assert inputs == ["input_ids", "attention_mask", *(["position_ids"] if uses_positions else []), *caches]
+    expected_inputs = ["input_ids", "attention_mask", *(["position_ids"] if uses_positions else []), *caches]
+    assert inputs == [*expected_inputs, "logits_positions"]
     assert (manifest["num_layers"], manifest["num_key_value_heads"], manifest["head_dim"]) == (
         config.num_hidden_layers,
         config.num_key_value_heads,
@@ -257,7 +261,8 @@ def test_fp16_export_keeps_cache_half_and_logits_float(exported):
     graph = result.manifest["graphs"]["model"]
     dtypes = {spec["name"]: spec["dtype"] for spec in graph["inputs"] + graph["outputs"]}
     assert dtypes.pop("logits") == "float32"
-    assert {dtypes.pop(name) for name in ("input_ids", "attention_mask", "position_ids")} == {"int64"}
+    integers = ("input_ids", "attention_mask", "position_ids", "logits_positions")
+    assert {dtypes.pop(name) for name in integers} == {"int64"}
     assert set(dtypes.values()) == {"float16"}  # past and present
     # ONNX Runtime's CPU provider runs fp16 graphs (casting where it lacks kernels), so the numbers are checked too.
     assert result.validation.tolerance_kind == "relative"

@@ -41,6 +41,7 @@ pytest_plugins = ["onnx_cases"]  # the shared `tokenizer`, `exports` and `load` 
 NEW_TOKENS = 8
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs onnxruntime-gpu (CUDAExecutionProvider) and a CUDA GPU")
 LOOPS = ["lean", "transformers"]
+GREEDY_FIXED = dict(do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None)  # every row runs every step
 
 
 @pytest.fixture
@@ -246,6 +247,52 @@ def test_forward_with_cache_matches_pytorch_logits_and_cache(load, name):
         ):
             difference = (ort_tensor - pytorch_tensor).abs().amax(dim=(1, 3))  # (batch, positions)
             assert difference[real].max() < TOLERANCE
+
+
+@pytest.mark.parametrize("logits_to_keep", [1, 2, 0, 99, torch.tensor([0, 4]), torch.tensor([-1, 1])], ids=str)
+def test_forward_computes_only_the_logits_asked_for(load, logits_to_keep):
+    """`logits_to_keep` as in transformers (the last n positions, 0 or more than there are for all, or a list of
+    positions): ONNX Runtime's logits have PyTorch's shape and values, and the same cache."""
+    pytorch_model, ort_model = load(OrtModelForCausalLM, "decoder-rope-gqa")
+    input_ids = random_ids(2, 5)
+    expected = pytorch_model(input_ids, use_cache=True, logits_to_keep=logits_to_keep)
+    actual = ort_model(input_ids, logits_to_keep=logits_to_keep)
+    assert actual.logits.shape == expected.logits.shape
+    assert (actual.logits - expected.logits).abs().max() < TOLERANCE
+    keys = actual.past_key_values.layers[-1].keys
+    assert (keys - expected.past_key_values.layers[-1].keys).abs().max() < TOLERANCE
+
+
+@pytest.mark.parametrize("logits_to_keep", [-1, torch.tensor([5]), torch.tensor([[0]]), torch.tensor([0.0])], ids=str)
+def test_forward_rejects_logits_positions_it_cannot_compute(load, logits_to_keep):
+    _, ort_model = load(OrtModelForCausalLM, "decoder-rope-gqa")
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        ort_model(random_ids(1, 5), logits_to_keep=logits_to_keep)
+
+
+def test_generate_computes_only_the_last_logits_in_both_loops(load):
+    """Both loops feed the graph one logits position per row and step, the prompt included (transformers' loop
+    through `logits_to_keep=1`, which generate passes to a forward that takes it)."""
+    pytorch_model, ort_model = load(OrtModelForCausalLM, "decoder-rope-gqa")
+    graph = ort_model.graphs["model"]
+    widths, original = [], graph.run
+
+    def recording(inputs, output_buffers=None):
+        widths.append(int(inputs["logits_positions"].numel()))
+        return original(inputs, output_buffers)
+
+    graph.run = recording
+    try:
+        input_ids, attention_mask = left_padded_prompts()
+        for loop in LOOPS:
+            widths.clear()
+            expected, actual = generate_both(
+                pytorch_model, ort_model, loop, input_ids=input_ids, attention_mask=attention_mask, **GREEDY_FIXED
+            )
+            assert torch.equal(actual, expected)
+            assert widths == [1] * NEW_TOKENS, loop
+    finally:
+        del graph.run
 
 
 def test_generation_continues_from_a_returned_cache(load):

@@ -8,7 +8,9 @@ laid out, and the manifest that describes it to clients in any language. The REA
   [, `token_type_ids`] -> `last_hidden_state` [+ `pooler_output`] or `logits`.
 - decoder `text-generation`, one `model` graph for the prompt (empty past) and every step: `input_ids`,
   `attention_mask` [batch, past_sequence + sequence], `position_ids` (when the positions use them),
-  `past_key_values.{i}.key/.value` -> `logits`, `present.{i}.key/.value`.
+  `past_key_values.{i}.key/.value`, `logits_positions` [logits_sequence] (the positions, 0 to sequence - 1, whose
+  logits to compute: all of them, or the last one to generate) -> `logits` [batch, logits_sequence, vocab],
+  `present.{i}.key/.value`.
 - seq2seq `text2text-generation`: `encoder` graph (`input_ids`, `attention_mask` -> `last_hidden_state`,
   `cross_key_values.{i}.key/.value`) and `decoder` graph (`input_ids`, `encoder_attention_mask`,
   `cross_key_values.*`, `past_key_values.*` -> `logits`, `present.*`); cross keys/values are computed once.
@@ -31,7 +33,8 @@ from transformers import PreTrainedConfig, PreTrainedModel
 
 from ...modeling.configuration import CONFIG_CLASSES
 
-FORMAT, FORMAT_VERSION = "vaswani-onnx", 1
+# Version 2 added the text-generation graph's `logits_positions` input.
+FORMAT, FORMAT_VERSION = "vaswani-onnx", 2
 
 # The manifest's `dtype` values.
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
@@ -130,6 +133,9 @@ def example_inputs(
             tensors[spec.name] = torch.randint(0, config.type_vocab_size, shape, generator=generator)
         elif spec.name == "position_ids":
             tensors[spec.name] = positions_from_mask(tensors["attention_mask"])[:, -shape[1] :].contiguous()
+        elif spec.name == "logits_positions":
+            # Any valid positions, repeated if there are more of them than tokens.
+            tensors[spec.name] = torch.arange(shape[0]) % sizes["sequence"]
         else:
             tensors[spec.name] = torch.randn(shape, generator=generator).to(spec.dtype)
     return tensors

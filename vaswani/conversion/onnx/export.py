@@ -55,7 +55,7 @@ DEVICES = ("cpu", "cuda")
 
 # Sizes of the dynamic axes while tracing: all >= 2 and all different, so that torch.export neither specializes an
 # axis to 0/1 nor unifies two axes that merely happen to be equal.
-TRACE_SIZES = {"batch": 2, "sequence": 3, "past_sequence": 4, "encoder_sequence": 5}
+TRACE_SIZES = {"batch": 2, "sequence": 3, "past_sequence": 4, "encoder_sequence": 5, "logits_sequence": 6}
 
 # Copied from the source folder, so that the export is a complete model folder.
 TOKENIZER_FILES = (

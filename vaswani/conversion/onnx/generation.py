@@ -267,12 +267,14 @@ class OrtModelForCausalLM(OrtModelForGeneration):
         past_key_values: Cache | None = None,
         use_cache: bool = True,
         return_dict: bool = True,
+        logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
         """Args as `VaswaniForCausalLM.forward`: `input_ids` (batch, sequence); `attention_mask` (batch, cached +
         new tokens), all ones by default; `position_ids` (batch, sequence), from the mask by default;
-        `past_key_values` a `DynamicCache` of earlier calls (updated in place, as in PyTorch). Returns the logits
-        of every position and, with `use_cache`, the cache."""
+        `past_key_values` a `DynamicCache` of earlier calls (updated in place, as in PyTorch); `logits_to_keep` the
+        positions whose logits are computed (0: all, n: the last n, or a 1-D tensor of positions; `generate`
+        passes 1). Returns those logits and, with `use_cache`, the cache."""
         check_unsupported_arguments(kwargs)
         if past_key_values is not None and not isinstance(past_key_values, DynamicCache):
             raise TypeError(
@@ -281,7 +283,7 @@ class OrtModelForCausalLM(OrtModelForGeneration):
             )
         input_ids = self.graphs["model"].convert("input_ids", input_ids)
         past = cache_tensors(past_key_values) or self.empty_past(input_ids.shape[0])
-        inputs = self.decoder_inputs(input_ids, attention_mask, position_ids, past)
+        inputs = self.decoder_inputs(input_ids, attention_mask, position_ids, past, logits_to_keep)
         buffers = None
         if past_key_values is None and use_cache:
             past_key_values = DynamicCache()
@@ -294,9 +296,15 @@ class OrtModelForCausalLM(OrtModelForGeneration):
         return output if return_dict else output.to_tuple()
 
     def decoder_inputs(
-        self, input_ids: Any, attention_mask: Any, position_ids: Any, past: list[torch.Tensor]
+        self,
+        input_ids: Any,
+        attention_mask: Any,
+        position_ids: Any,
+        past: list[torch.Tensor],
+        logits_to_keep: int | torch.Tensor = 0,
     ) -> dict[str, torch.Tensor]:
-        """The checked graph inputs, with the defaults: no padding, and positions counted from the mask."""
+        """The checked graph inputs, with the defaults: no padding, positions counted from the mask, and every
+        position's logits."""
         graph = self.graphs["model"]
         input_ids = graph.convert("input_ids", input_ids)
         (batch, length), total = input_ids.shape, past[0].shape[2] + input_ids.shape[1]
@@ -315,12 +323,13 @@ class OrtModelForCausalLM(OrtModelForGeneration):
                 positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
                 position_ids = positions[:, -length:]
             values["position_ids"] = position_ids
+        values["logits_positions"] = logits_positions(logits_to_keep, length)
         return graph.prepare(values)
 
     def fast_loop_inputs(self, input_ids: torch.Tensor, model_kwargs: dict):
         past = self.empty_past(input_ids.shape[0])
         inputs = self.decoder_inputs(
-            input_ids, model_kwargs.get("attention_mask"), model_kwargs.get("position_ids"), past
+            input_ids, model_kwargs.get("attention_mask"), model_kwargs.get("position_ids"), past, logits_to_keep=1
         )
         for name in self.past_names:
             del inputs[name]
@@ -331,6 +340,23 @@ class OrtModelForCausalLM(OrtModelForGeneration):
         inputs["attention_mask"] = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
         if "position_ids" in inputs:
             inputs["position_ids"] = inputs["position_ids"][:, -1:] + 1
+        inputs["logits_positions"] = inputs["logits_positions"].new_zeros(1)  # the one new token
+
+
+def logits_positions(logits_to_keep: int | torch.Tensor, length: int) -> torch.Tensor:
+    """The `logits_positions` graph input for transformers' `logits_to_keep` over `length` new tokens: 0 keeps
+    every position, n the last n, and a 1-D tensor lists the positions (negative ones count from the end)."""
+    if isinstance(logits_to_keep, int) and logits_to_keep >= 0:
+        start = max(length - logits_to_keep, 0) if logits_to_keep else 0
+        return torch.arange(start, length)
+    positions = torch.as_tensor(logits_to_keep)
+    if positions.dim() != 1 or positions.dtype.is_floating_point or positions.dtype == torch.bool:
+        raise ValueError(
+            f"logits_to_keep must be a non-negative int or a 1-D integer tensor of positions, got {logits_to_keep!r}."
+        )
+    if positions.numel() and not (-length <= int(positions.min()) and int(positions.max()) < length):
+        raise ValueError(f"logits_to_keep holds positions outside the {length} new tokens: {positions.tolist()}.")
+    return positions % max(length, 1)  # counted from the start, as the exported index_select counts them
 
 
 @dataclass

@@ -61,7 +61,6 @@ class OnnxValidationError(ValueError):
         super().__init__(f"The ONNX export does not match PyTorch:\n{failing}\n\n{report}")
 
 
-
 @dataclass
 class ValidationRow:
     """The worst disagreement of one graph output over every validation case."""
@@ -174,6 +173,8 @@ def _sequence_axis(shape: list) -> tuple[int, str] | None:
     for axis, name in enumerate(shape):
         if name in ("sequence", PAST_PLUS_SEQUENCE, "encoder_sequence"):
             return axis, name
+        if name == "logits_sequence":  # validation asks for every position's logits
+            return axis, "sequence"
     return None
 
 
@@ -325,7 +326,7 @@ def _validate_causal_lm(runner, model, comparison, generator, device) -> None:
                 "attention_mask": mask,
                 "position_ids": positions_from_mask(mask)[:, -length:],
             }
-            actual = runner.run({**_numpy(inputs), **past})
+            actual = runner.run({**_numpy(inputs), **past, "logits_positions": np.arange(length)})
             outputs = model(**_on(device, inputs), past_key_values=cache, use_cache=True)
             cache = outputs.past_key_values
             expected = {"logits": outputs.logits, **_named_cache("present", cache)}

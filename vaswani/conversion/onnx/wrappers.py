@@ -55,7 +55,8 @@ class TaskOutputs(nn.Module):
 
 class CausalLMWithCache(nn.Module):
     """One decoder graph for the prompt (empty past) and every decode step: flat past tensors in, logits and the
-    grown cache out."""
+    grown cache out. `logits_positions` picks the positions whose logits are computed: generation needs only the
+    last one, and projecting a 512-token prompt onto a 49k vocabulary costs as much as the rest of the prompt."""
 
     def __init__(self, model: VaswaniForCausalLM) -> None:
         super().__init__()
@@ -67,15 +68,19 @@ class CausalLMWithCache(nn.Module):
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor | None,
         past_key_values: tuple[torch.Tensor, ...],
+        logits_positions: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
-        outputs = self.model(
+        outputs = self.model.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             past_key_values=_cache_from_tensors(past_key_values, self.model.config),
             use_cache=True,
         )
-        return (_output_tensor("logits", outputs.logits), *_flatten_cache(outputs.past_key_values))
+        # VaswaniForCausalLM's head with `logits_to_keep=logits_positions`, selected with index_select: one Gather,
+        # where tensor indexing exports as Transpose, GatherND, Transpose.
+        logits = self.model.lm_head(outputs.last_hidden_state.index_select(1, logits_positions))
+        return (_output_tensor("logits", logits), *_flatten_cache(outputs.past_key_values))
 
 
 class Seq2SeqEncoderWithCrossCache(nn.Module):
@@ -175,9 +180,10 @@ def build_graph_specs(model: PreTrainedModel, task: str, dtype: torch.dtype) -> 
             _ids("attention_mask", PAST_PLUS_SEQUENCE),
             _ids("position_ids") if _uses_position_ids(config) else None,
             cache.specs("past_key_values", "past_sequence", dtype),
+            TensorSpec("logits_positions", torch.int64, ("logits_sequence",)),
         ]
         outputs = [
-            TensorSpec("logits", torch.float32, ("batch", "sequence", config.vocab_size)),
+            TensorSpec("logits", torch.float32, ("batch", "logits_sequence", config.vocab_size)),
             *cache.specs("present", PAST_PLUS_SEQUENCE, dtype),
         ]
         return [GraphSpec("model", "model.onnx", CausalLMWithCache(model), arguments, outputs)]
