@@ -5,18 +5,19 @@ Where things are, in the order an export runs through them:
 
 - `tasks.py`: the families and their tasks, the task a model or folder exports, the module exported for it and its
   copy in the export's dtype.
-- `contract.py`: the I/O contract (format version 1): tensor and graph specs, the axis names, the folder layout
+- `contract.py`: the I/O contract (format version 2): tensor and graph specs, the axis names, the folder layout
   (weights always external), the manifest (`build_manifest`, `load_manifest`).
 - `wrappers.py`: the modules traced per graph (flat tensors in and out, transformers caches inside) and
   `build_graph_specs`, which pairs them with their I/O.
 - `formulations.py`: the formulations blocks take only while tracing (float32 attention, fusable RMSNorm, ONNX
   Attention/RotaryEmbedding ops at `LLM_OPSET`).
 - `export.py`: `export_onnx`, tracing with `torch.onnx.export(dynamo=True)`, opsets, the folder written.
-- `postprocess.py`: ONNX Runtime's offline optimizations and int8 dynamic quantization.
+- `postprocess.py`: ONNX Runtime's offline optimizations and weight-only block-wise quantization (8 and 4 bits).
 - `validation.py`: `validate_onnx_export`, the `ValidationReport` table and its tolerances.
 - `session.py`: one graph in an ONNX Runtime session (`OrtGraph`), input checks, IO binding.
 - `runtime.py`: `OrtModel` and the encoder-type classes (feature extraction, fill-mask, classification).
 - `generation.py`: `OrtModelForCausalLM`, `OrtModelForSeq2SeqLM`, the lean generation loop and its KV buffers.
+- `lean_steps.py`: the lean loop's per-step token work (min-length processors in place, numpy argmax).
 
 Where new things go: a new quantization format in `postprocess.py` (with its tolerance in
 `validation.TOLERANCES`); a new task in `tasks.py`, its graphs in `wrappers.py` and its class in `runtime.py` or
