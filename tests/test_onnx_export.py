@@ -229,6 +229,9 @@ def test_seq2seq_export_validates_and_generates_pytorch_tokens(exported, positio
     decoder_inputs = [spec["name"] for spec in manifest["graphs"]["decoder"]["inputs"]]
     assert decoder_inputs == ["input_ids", "encoder_attention_mask", *cross, *past]  # cross K/V: in, never out
     assert_validated(result, manifest_outputs(manifest))
+    # Self- and cross-attention are one ONNX Attention node each, over the given cross keys/values (no eager math).
+    ops = op_counts(result.folder / "decoder_model.onnx")
+    assert ops["Attention"] == 2 * layers and "Softmax" not in ops
 
     source, mask = random_ids(2, 7), padding_mask([7, 5], 7, "right")
     expected = model.generate(source, attention_mask=mask, **GREEDY)[:, 1:]  # after the start token

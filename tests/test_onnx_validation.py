@@ -124,14 +124,16 @@ def test_one_corrupted_weight_in_the_deep_model_fails_validation(deep_export, tm
 def test_an_export_that_ignores_the_mask_or_drops_the_rotary_fails_validation(defect, tmp_path, monkeypatch):
     """Self-attention exported with one of its inputs replaced by None, as a broken formulation would; 4 layers of the
     deep model's shape and scales (each such export is traced anew)."""
-    original = formulations.llm_self_attention
+    original = formulations.llm_attention
     replaced = {"mask_ignored": "attention_mask", "rotary_dropped": "position_embeddings"}[defect]
 
     def defective(self, hidden_states, attention_mask=None, position_embeddings=None, *args, **kwargs):
         arguments = {"attention_mask": attention_mask, "position_embeddings": position_embeddings, replaced: None}
-        return original(self, hidden_states, arguments["attention_mask"], arguments["position_embeddings"], *args, **kwargs)
+        return original(
+            self, hidden_states, arguments["attention_mask"], arguments["position_embeddings"], *args, **kwargs
+        )
 
-    monkeypatch.setattr(formulations, "llm_self_attention", defective)
+    monkeypatch.setattr(formulations, "llm_attention", defective)
     with pytest.raises(OnnxValidationError, match="does not match PyTorch"):
         onnx_export.export_onnx(deep_model(4), tmp_path / "out", task="text-generation")
     assert not (tmp_path / "out").exists()

@@ -35,8 +35,8 @@ def exporting_formulations(model: nn.Module, llm_ops: bool) -> Iterator[None]:
       loaded with;
     - RMSNorm divides by the root mean square instead of multiplying by its rsqrt: ONNX Runtime fuses that form
       into one SimplifiedLayerNormalization node, the other stays six nodes;
-    - with `llm_ops` (opset >= `LLM_OPSET`), self-attention is `llm_self_attention`: ONNX RotaryEmbedding and
-      Attention nodes.
+    - with `llm_ops` (opset >= `LLM_OPSET`), attention is `llm_attention`: ONNX RotaryEmbedding and Attention
+      nodes.
     RMSNorm and VaswaniAttention are patched on the class, so no other thread may run vaswani models meanwhile.
     """
     configs = {
@@ -51,7 +51,7 @@ def exporting_formulations(model: nn.Module, llm_ops: bool) -> Iterator[None]:
         with ExitStack() as patches:
             patches.enter_context(_replaced(RMSNorm, "forward", fusable_rms_norm))
             if llm_ops:
-                patches.enter_context(_replaced(VaswaniAttention, "forward", llm_self_attention))
+                patches.enter_context(_replaced(VaswaniAttention, "forward", llm_attention))
             yield
     finally:
         for key, config in configs.items():
@@ -94,7 +94,7 @@ def fusable_rms_norm(self: RMSNorm, hidden_states: torch.Tensor) -> torch.Tensor
 _vaswani_attention_forward = VaswaniAttention.forward
 
 
-def llm_self_attention(
+def llm_attention(
     self: VaswaniAttention,
     hidden_states: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
@@ -103,20 +103,23 @@ def llm_self_attention(
     past_key_values: Cache | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """`VaswaniAttention.forward` for self-attention as two ONNX RotaryEmbedding nodes and one Attention node.
+    """`VaswaniAttention.forward` as ONNX Attention nodes: self-attention after two RotaryEmbedding nodes, and
+    cross-attention over the keys/values the encoder graph projected (`cross_attention_from_cache`).
 
-    They take the (batch, tokens, heads * head_dim) projections as they come (no head reshapes or transposes),
-    Attention appends the new keys/values to the cache itself and serves each query group from its shared key/value
-    head (no repeat_kv copies), and the mask and position bias (ALiBi, relative) enter as one additive bias. Scores
-    and softmax are float32, as in `float32_attention`. Cross-attention, and a cache this cannot extend (none
-    initialized for the layer), take the original path.
+    Self-attention takes the (batch, tokens, heads * head_dim) projections as they come (no head reshapes or
+    transposes), Attention appends the new keys/values to the cache itself and serves each query group from its
+    shared key/value head (no repeat_kv copies), and the mask and position bias (ALiBi, relative) enter as one
+    additive bias. Scores and softmax are float32, as in `float32_attention`. A cache this cannot extend (none
+    initialized for the layer), and cross-attention that projects its own keys/values, take the original path.
     """
+    if self.is_cross_attention:
+        return cross_attention_from_cache(self, hidden_states, attention_mask, past_key_values, **kwargs)
     cache = past_key_values
     if isinstance(cache, EncoderDecoderCache):
         cache = cache.self_attention_cache
     layer = cache.layers[self.layer_idx] if cache is not None else None
     extendable = layer is None or (isinstance(layer, DynamicLayer) and layer.is_initialized)
-    if self.is_cross_attention or not extendable:
+    if not extendable:
         return _vaswani_attention_forward(
             self, hidden_states, attention_mask, position_embeddings, position_bias, past_key_values, **kwargs
         )
@@ -147,6 +150,37 @@ def llm_self_attention(
         # What `cache.update` would hold: the past and the new keys/values, in the model's dtype.
         layer.keys, layer.values = keys.to(key.dtype), values.to(value.dtype)
     return self.o_proj(output.to(hidden_states.dtype)), None
+
+
+def cross_attention_from_cache(
+    self: VaswaniAttention,
+    hidden_states: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    past_key_values: Cache | None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Cross-attention over the cached (encoder-projected) keys/values as one ONNX Attention node instead of about
+    ten (transposes, two MatMuls, scale, mask, softmax): the decoder graph of a small encoder-decoder runs a few
+    hundred nodes per token, and each costs dispatch time. The op wants queries of the keys' rank, hence the head
+    reshape around it. Without a filled cross cache (the keys are projected here), the original path."""
+    filled = isinstance(past_key_values, EncoderDecoderCache) and past_key_values.is_updated.get(self.layer_idx)
+    if not filled:
+        return _vaswani_attention_forward(self, hidden_states, attention_mask, None, None, past_key_values, **kwargs)
+    layer = past_key_values.cross_attention_cache.layers[self.layer_idx]
+    batch, length = hidden_states.shape[:2]
+    query = self.q_proj(hidden_states).view(batch, length, -1, self.head_dim).transpose(1, 2)
+    bias = attention_mask.float() if attention_mask is not None else None
+    output, *_ = torch.onnx.ops.attention(
+        query.float(),
+        layer.keys.float(),
+        layer.values.float(),
+        bias,
+        q_num_heads=self.config.num_attention_heads,
+        kv_num_heads=self.config.num_key_value_heads,
+        scale=self.scaling,
+    )
+    output = output.to(hidden_states.dtype).transpose(1, 2).reshape(batch, length, -1)
+    return self.o_proj(output), None
 
 
 def fuse_sibling_matmuls(model: onnx_ir.Model) -> int:
