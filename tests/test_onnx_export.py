@@ -347,6 +347,11 @@ def test_cli_quantized_export_quantizes_every_weight_matmul_and_replaces_the_fol
     assert head[-1]["N"] == model.config.vocab_size and head[-1]["K"] == model.config.hidden_size
     # The float32 interface is unchanged.
     assert {spec["dtype"] for spec in manifest["graphs"]["model"]["outputs"]} == {"float32"}
+    # Each residual sum and the norm after it are one node (all but the first norm, which reads the embedding).
+    skip_norms = [
+        node for node in graph.node if node.op_type in ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization")
+    ]
+    assert len(skip_norms) == 2 * model.config.num_hidden_layers
 
 
 def test_cli_refuses_a_non_empty_output_without_overwrite(decoder_folder, tmp_path, capsys):

@@ -80,7 +80,8 @@ def quantization_format(quantize: str, block_size: int | None = None, accuracy_l
 
 
 def optimize_graph(path: Path, device: str) -> None:
-    """ONNX Runtime's offline graph optimizations, saved in place (see OPTIMIZATION_LEVEL)."""
+    """ONNX Runtime's offline graph optimizations, then `fuse_skip_norms`, saved in place (see OPTIMIZATION_LEVEL)."""
+    shapes = value_shapes(onnx.load(str(path), load_external_data=False))
     options = ort.SessionOptions()
     options.graph_optimization_level = OPTIMIZATION_LEVEL
     options.optimized_model_filepath = str(path.with_name(f"optimized-{path.name}"))
@@ -88,21 +89,97 @@ def optimize_graph(path: Path, device: str) -> None:
         "session.optimized_model_external_initializers_file_name", f"optimized-{path.name}.data"
     )
     ort.InferenceSession(str(path), options, providers=[PROVIDERS[device]])
-    _replace_graph(path.with_name(f"optimized-{path.name}"), path)
+    optimized = path.with_name(f"optimized-{path.name}")
+    model = onnx.load(str(optimized), load_external_data=True)
+    fuse_skip_norms(model, shapes)
+    for stale in (optimized, Path(f"{optimized}.data"), path, Path(f"{path}.data")):
+        stale.unlink(missing_ok=True)
+    save_graph(model, path)
+
+
+def value_shapes(model: onnx.ModelProto) -> dict[str, list]:
+    """Each value's shape as the exporter recorded it (symbolic axes by name), for rewrites of graphs whose shapes
+    were dropped since (quantization) or cannot be inferred (ONNX Runtime's contrib ops)."""
+    values = [*model.graph.input, *model.graph.value_info, *model.graph.output]
+    return {
+        value.name: [dim.dim_param or dim.dim_value for dim in value.type.tensor_type.shape.dim]
+        for value in values
+        if value.type.tensor_type.HasField("shape")
+    }
+
+
+# Norm -> its ONNX Runtime form with the residual addition before it fused in.
+SKIP_NORMS = {
+    "SimplifiedLayerNormalization": "SkipSimplifiedLayerNormalization",
+    "LayerNormalization": "SkipLayerNormalization",
+}
+
+
+def fuse_skip_norms(model: onnx.ModelProto, shapes: dict[str, list]) -> int:
+    """Fuse each residual Add and the norm that reads it into one ONNX Runtime contrib node (`SkipSimplified-
+    LayerNormalization` for RMSNorm, `SkipLayerNormalization` for LayerNorm), which also emits the sum for the
+    residual stream. Returns how many were fused.
+
+    Why: on a small decoder each node costs dispatch time. ONNX Runtime fuses these only offline (its load-time
+    fusion skips an Add whose sum is read again, as every residual sum is): 60 nodes fewer and 4% faster decode
+    steps on SmolLM2-135M int8. RMSNorm first becomes `SimplifiedLayerNormalization` (ONNX Runtime's pattern
+    fusion). The result is ONNX Runtime-only, which quantized graphs (MatMulNBits) already are; an fp32 export gets it
+    with `optimize`. Only Adds of two equal (batch, sequence, hidden) shapes in `shapes` are fused: the fused op
+    broadcasts only its second input, so a broadcast position table could land on the wrong side.
+    """
+    from onnxruntime.transformers.fusion_simplified_layernorm import FusionSimplifiedLayerNormalization
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    FusionSimplifiedLayerNormalization(OnnxModel(model)).apply()
+    graph = model.graph
+    producers = {output: node for node in graph.node for output in node.output}
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    graph_outputs = {output.name for output in graph.output}
+    initializers = {tensor.name for tensor in graph.initializer}
+    fused = []
+    for norm in list(graph.node):
+        add = producers.get(norm.input[0]) if norm.op_type in SKIP_NORMS and norm.domain in ("", "ai.onnx") else None
+        attributes = {attribute.name: onnx.helper.get_attribute_value(attribute) for attribute in norm.attribute}
+        if (
+            add is None
+            or add.op_type != "Add"
+            or any(entry[0] is add for entry in fused)
+            or any(name in initializers for name in add.input)
+            or len(shapes.get(add.input[0], [])) != 3
+            or shapes.get(add.input[0]) != shapes.get(add.input[1])
+            or attributes.get("axis", -1) not in (-1, 2)
+            or any(norm.output[1:])  # LayerNormalization's optional mean / inverse deviation outputs
+        ):
+            continue
+        outputs = [norm.output[0]]
+        if readers.get(add.output[0], 0) > 1 or add.output[0] in graph_outputs:
+            outputs += ["", "", add.output[0]]  # the sum, for the residual stream
+        skip = onnx.helper.make_node(
+            SKIP_NORMS[norm.op_type],
+            [add.input[0], add.input[1], *norm.input[1:]],
+            outputs,
+            name=f"{norm.name}.skip",
+            domain="com.microsoft",
+            epsilon=attributes.get("epsilon", 1e-5),
+        )
+        fused.append((add, norm, skip))
+    for add, norm, skip in fused:
+        # At the Add's place: its inputs exist there, and readers of the sum may come before the norm.
+        graph.node.insert(list(graph.node).index(add), skip)
+        graph.node.remove(add)
+        graph.node.remove(norm)
+    if fused and not any(entry.domain == "com.microsoft" for entry in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return len(fused)
 
 
 # Extended: constant folding, redundant-node elimination and ONNX Runtime's transformer fusions (LayerNorm, Gelu,
 # MatMul+Add, attention patterns) that are valid for every execution provider of the same ONNX Runtime version.
 # ENABLE_ALL would add CPU-specific memory layouts that make the saved graph CPU-only.
 OPTIMIZATION_LEVEL = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-
-
-def _replace_graph(source: Path, target: Path) -> None:
-    """Move graph `source` (and its weights) onto `target`, rewriting the weights' file name inside the graph."""
-    model = onnx.load(str(source), load_external_data=True)
-    for path in (source, Path(f"{source}.data"), target, Path(f"{target}.data")):
-        path.unlink(missing_ok=True)
-    save_graph(model, target)
 
 
 def quantize_graph(path: Path, quantization: WeightQuantization) -> int:
@@ -117,6 +194,7 @@ def quantize_graph(path: Path, quantization: WeightQuantization) -> int:
     """
     MatMulNBitsQuantizer = _import_quantizer()
     model = onnx.load(str(path), load_external_data=True)
+    shapes = value_shapes(model)
     fold_initializer_transposes(model)
     head = output_projection(model)
     separate_head = head is not None and quantization.head_bits != quantization.bits
@@ -130,6 +208,7 @@ def quantize_graph(path: Path, quantization: WeightQuantization) -> int:
     quantized = [node for node in model.graph.node if node.op_type == "MatMulNBits"]
     # Shapes recorded for the float graph are stale once MatMuls become MatMulNBits.
     del model.graph.value_info[:]
+    fuse_skip_norms(model, shapes)  # the graph is ONNX Runtime-only now anyway
     for stale in (path, Path(f"{path}.data")):
         stale.unlink(missing_ok=True)
     save_graph(model, path)
