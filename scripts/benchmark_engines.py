@@ -1,7 +1,7 @@
 """vaswani against the engines a user would pick instead, on the same weights, each timed in a process of its own.
 
 Systems (fp32 unless named): transformers' own PyTorch model; vaswani's PyTorch model; vaswani's ONNX export run
-by ONNX Runtime (fp32, `--quantize int8`, `--quantize int4`); onnxruntime-genai's model builder and runtime (fp32,
+by ONNX Runtime (fp32 as exported and with `--optimize`, `--quantize int8`, `--quantize int4`); onnxruntime-genai's model builder and runtime (fp32,
 int8, int4); CTranslate2 (float32, int8); llama.cpp through llama-cpp-python (a GGUF file, batch 1 only).
 
 How it measures (why: ONNX Runtime's intra-op threads keep spinning after a run and take the cores from whatever
@@ -66,6 +66,8 @@ SYSTEMS = {
     "transformers fp32": ("transformers", "fp32", "hf"),
     "vaswani PyTorch fp32": ("vaswani-torch", "fp32", "vaswani"),
     "vaswani ORT fp32": ("vaswani-ort", "fp32", "vaswani-onnx-fp32"),
+    # --optimize: ONNX Runtime's fusions saved in the graph (contrib ops: an ONNX Runtime-only graph).
+    "vaswani ORT fp32, --optimize": ("vaswani-ort", "fp32", "vaswani-onnx-fp32-optimized"),
     "onnxruntime-genai fp32": ("ortgenai", "fp32", "ortgenai-fp32"),
     "CTranslate2 fp32": ("ctranslate2", "fp32", "ct2-float32"),
     "vaswani ORT int8": ("vaswani-ort", "8-bit", "vaswani-onnx-int8"),
@@ -162,8 +164,11 @@ def build(recipe: str, args: argparse.Namespace, times: dict) -> Path:
             "text2text-generation" if args.seq2seq else "text-generation",
             "--overwrite",
         ]
-        command += [] if precision == "fp32" else ["--quantize", precision]
-        command += ["--tolerance", str(args.tolerance)] if args.tolerance and precision == "fp32" else []
+        if precision == "fp32-optimized":
+            command += ["--optimize"]
+        elif precision != "fp32":
+            command += ["--quantize", precision]
+        command += ["--tolerance", str(args.tolerance)] if args.tolerance and precision.startswith("fp32") else []
     elif recipe.startswith("ortgenai-"):
         python = engine_python("ortgenai", args)
         precision = recipe.removeprefix("ortgenai-")
