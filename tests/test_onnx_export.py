@@ -174,8 +174,12 @@ def test_cpu_export_runs_each_self_attention_as_one_op_and_norms_fused(exported,
     ops = op_counts(result.folder / "model.onnx")
     assert (ops["Attention"], ops["RotaryEmbedding"]) == (layers, 2 * layers)
     assert not {"Softmax", "Transpose"} & set(ops)  # no eager attention, no head transposes
-    # q/k/v read one activation, and so do gate/up: each group is one wide MatMul (and a Split), plus o, down, head.
+    # q/k/v read one activation, and so do gate/up: each group is one wide MatMul (and a Split), plus o, down, head;
+    # their biases, if any, are one addition before the Split.
     assert ops["MatMul"] == layers * (4 if model.config.gated_ffn else 3) + 1
+    graph = onnx.load(str(result.folder / "model.onnx"), load_external_data=False).graph
+    split_outputs = {name for node in graph.node if node.op_type == "Split" for name in node.output}
+    assert not [node for node in graph.node if node.op_type == "Add" and set(node.input) & split_outputs]
     fused = ort_fused_op_counts(result.folder, tmp_path)
     norms = sum(isinstance(module, RMSNorm) for module in model.modules())
     assert fused["SimplifiedLayerNormalization"] == norms == 2 * layers + 1
@@ -347,6 +351,16 @@ def test_cli_quantized_export_quantizes_every_weight_matmul_and_replaces_the_fol
     assert head[-1]["N"] == model.config.vocab_size and head[-1]["K"] == model.config.hidden_size
     # The float32 interface is unchanged.
     assert {spec["dtype"] for spec in manifest["graphs"]["model"]["outputs"]} == {"float32"}
+    # Every bias addition happens inside its MatMulNBits (the tiny model's projections have biases).
+    producers = {output: node for node in graph.node for output in node.output}
+    bias_adds = [
+        node
+        for node in graph.node
+        if node.op_type == "Add"
+        and any(producers.get(name) is not None and producers[name].op_type == "MatMulNBits" for name in node.input)
+        and set(node.input) & initializers
+    ]
+    assert model.config.attention_bias and bias_adds == []
     # Each residual sum and the norm after it are one node (all but the first norm, which reads the embedding).
     skip_norms = [
         node for node in graph.node if node.op_type in ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization")

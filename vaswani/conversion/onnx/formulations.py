@@ -215,21 +215,51 @@ def fuse_sibling_matmuls(model: onnx_ir.Model) -> int:
         weights = [node.inputs[1] for node in nodes]
         arrays = [weight.const_value.numpy() for weight in weights]
         name = nodes[0].name or weights[0].name
-        fused_weight = onnx_ir.Value(name=f"{name}.fused_weight", const_value=onnx_ir.tensor(np.concatenate(arrays, 1)))
-        widths = onnx_ir.Value(
-            name=f"{name}.fused_widths", const_value=onnx_ir.tensor(np.array([a.shape[1] for a in arrays], np.int64))
+        # Each product's bias addition, if every one has one: they become one addition before the Split.
+        bias_adds = [_bias_addition(node) for node in nodes]
+        biased = all(add is not None for add in bias_adds)
+        constants = {"fused_weight": np.concatenate(arrays, 1)}
+        constants["fused_widths"] = np.array([a.shape[1] for a in arrays], np.int64)
+        biases = [_constant_input(add) for add in bias_adds] if biased else []
+        if biased:
+            constants["fused_bias"] = np.concatenate([bias.const_value.numpy() for bias in biases])
+        values = {}
+        for key, array in constants.items():
+            values[key] = onnx_ir.Value(name=f"{name}.{key}", const_value=onnx_ir.tensor(array))
+            values[key].shape, values[key].dtype = values[key].const_value.shape, values[key].const_value.dtype
+            graph.register_initializer(values[key])
+        product = onnx_ir.node("MatMul", [activation, values["fused_weight"]], name=f"{name}.fused")
+        new_nodes = [product]
+        if biased:
+            new_nodes.append(onnx_ir.node("Add", [product.outputs[0], values["fused_bias"]], name=f"{name}.fused_bias"))
+        split = onnx_ir.node(
+            "Split", [new_nodes[-1].outputs[0], values["fused_widths"]], {"axis": -1}, num_outputs=len(nodes)
         )
-        for value in (fused_weight, widths):
-            value.shape, value.dtype = value.const_value.shape, value.const_value.dtype
-            graph.register_initializer(value)
-        product = onnx_ir.node("MatMul", [activation, fused_weight], name=f"{name}.fused")
-        split = onnx_ir.node("Split", [product.outputs[0], widths], {"axis": -1}, num_outputs=len(nodes))
-        graph.insert_before(nodes[0], [product, split])
-        for node, part in zip(nodes, split.outputs):
+        graph.insert_before(nodes[0], [*new_nodes, split])
+        replaced = bias_adds if biased else nodes
+        for node, part in zip(replaced, split.outputs):
             part.name = node.outputs[0].name + ".part"
             node.outputs[0].replace_all_uses_with(part)
-        graph.remove(nodes, safe=True)
-        for weight in weights:
-            graph.initializers.pop(weight.name)
+        graph.remove([*replaced, *(nodes if biased else [])], safe=True)
+        for initializer in {value.name: value for value in [*weights, *biases]}.values():  # equal biases may be one
+            if not initializer.uses():
+                graph.initializers.pop(initializer.name)
         removed += len(nodes) - 1
     return removed
+
+
+def _constant_input(add: onnx_ir.Node) -> onnx_ir.Value:
+    return next(value for value in add.inputs if value.is_initializer())
+
+
+def _bias_addition(matmul: onnx_ir.Node) -> onnx_ir.Node | None:
+    """The Add of a 1-D constant bias that is the only reader of `matmul`'s product, else None."""
+    uses = list(matmul.outputs[0].uses())
+    if len(uses) != 1 or uses[0].node.op_type != "Add" or uses[0].node.domain != "":
+        return None
+    add = uses[0].node
+    constants = [value for value in add.inputs if value.is_initializer() and value.const_value is not None]
+    width = matmul.inputs[1].shape[1]
+    if len(constants) != 1 or constants[0].shape != onnx_ir.Shape([width]) or add.outputs[0].is_graph_output():
+        return None
+    return add

@@ -208,11 +208,57 @@ def quantize_graph(path: Path, quantization: WeightQuantization) -> int:
     quantized = [node for node in model.graph.node if node.op_type == "MatMulNBits"]
     # Shapes recorded for the float graph are stale once MatMuls become MatMulNBits.
     del model.graph.value_info[:]
-    fuse_skip_norms(model, shapes)  # the graph is ONNX Runtime-only now anyway
+    # The graph is ONNX Runtime-only now anyway: its fusions cost nothing in portability.
+    fold_biases_into_matmul_nbits(model)
+    fuse_skip_norms(model, shapes)
     for stale in (path, Path(f"{path}.data")):
         stale.unlink(missing_ok=True)
     save_graph(model, path)
     return len(quantized)
+
+
+def fold_biases_into_matmul_nbits(model: onnx.ModelProto) -> int:
+    """Give each MatMulNBits whose product only feeds the addition of a constant bias that bias as its own input
+    (`MatMulNBits` adds it in the same kernel), and drop the Add. Returns how many were folded.
+
+    Why: the quantizer leaves the Add of every biased linear layer (BART-style models have one per projection); on a
+    small decoder each node costs dispatch time.
+    """
+    graph = model.graph
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    producers = {output: node for node in graph.node for output in node.output}
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    graph_outputs = {output.name for output in graph.output}
+    folded = []
+    for add in graph.node:
+        if add.op_type != "Add" or add.domain not in ("", "ai.onnx"):
+            continue
+        for product, bias in (add.input, add.input[::-1]):
+            matmul = producers.get(product)
+            if (
+                matmul is None
+                or matmul.op_type != "MatMulNBits"
+                or readers.get(product) != 1
+                or product in graph_outputs
+                or bias not in initializers
+                or any(matmul.input[5:6])
+            ):
+                continue
+            width = next(attribute.i for attribute in matmul.attribute if attribute.name == "N")
+            if list(initializers[bias].dims) != [width]:
+                continue
+            inputs = list(matmul.input) + [""] * (5 - len(matmul.input))
+            del matmul.input[:]
+            matmul.input.extend([*inputs[:5], bias])
+            matmul.output[0] = add.output[0]
+            folded.append(add)
+            break
+    for add in folded:
+        graph.node.remove(add)
+    return len(folded)
 
 
 def _import_quantizer():
