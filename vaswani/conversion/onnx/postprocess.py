@@ -132,12 +132,7 @@ def fuse_skip_norms(model: onnx.ModelProto, shapes: dict[str, list]) -> int:
 
     FusionSimplifiedLayerNormalization(OnnxModel(model)).apply()
     graph = model.graph
-    producers = {output: node for node in graph.node for output in node.output}
-    readers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
-    graph_outputs = {output.name for output in graph.output}
+    producers, readers, graph_outputs = _wiring(graph)
     initializers = {tensor.name for tensor in graph.initializer}
     fused = []
     for norm in list(graph.node):
@@ -217,6 +212,16 @@ def quantize_graph(path: Path, quantization: WeightQuantization) -> int:
     return len(quantized)
 
 
+def _wiring(graph: onnx.GraphProto) -> tuple[dict[str, onnx.NodeProto], dict[str, int], set[str]]:
+    """Each value's producing node, how many node inputs read it, and the graph's output names."""
+    producers = {output: node for node in graph.node for output in node.output}
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    return producers, readers, {output.name for output in graph.output}
+
+
 def fold_biases_into_matmul_nbits(model: onnx.ModelProto) -> int:
     """Give each MatMulNBits whose product only feeds the addition of a constant bias that bias as its own input
     (`MatMulNBits` adds it in the same kernel), and drop the Add. Returns how many were folded.
@@ -226,12 +231,7 @@ def fold_biases_into_matmul_nbits(model: onnx.ModelProto) -> int:
     """
     graph = model.graph
     initializers = {tensor.name: tensor for tensor in graph.initializer}
-    producers = {output: node for node in graph.node for output in node.output}
-    readers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
-    graph_outputs = {output.name for output in graph.output}
+    producers, readers, graph_outputs = _wiring(graph)
     folded = []
     for add in graph.node:
         if add.op_type != "Add" or add.domain not in ("", "ai.onnx"):
