@@ -274,14 +274,14 @@ def test_generate_computes_only_the_last_logits_in_both_loops(load):
     """Both loops feed the graph one logits position per row and step, the prompt included (transformers' loop
     through `logits_to_keep=1`, which generate passes to a forward that takes it)."""
     pytorch_model, ort_model = load(OrtModelForCausalLM, "decoder-rope-gqa")
-    graph = ort_model.graphs["model"]
-    widths, original = [], graph.run
+    session = ort_model.graphs["model"].session
+    widths, original = [], session.run
 
-    def recording(inputs, output_buffers=None):
-        widths.append(int(inputs["logits_positions"].numel()))
-        return original(inputs, output_buffers)
+    def recording(output_names, feeds, *args, **kwargs):
+        widths.append(int(feeds["logits_positions"].size))
+        return original(output_names, feeds, *args, **kwargs)
 
-    graph.run = recording
+    session.run = recording
     try:
         input_ids, attention_mask = left_padded_prompts()
         for loop in LOOPS:
@@ -292,7 +292,7 @@ def test_generate_computes_only_the_last_logits_in_both_loops(load):
             assert torch.equal(actual, expected)
             assert widths == [1] * NEW_TOKENS, loop
     finally:
-        del graph.run
+        del session.run
 
 
 def test_generation_continues_from_a_returned_cache(load):

@@ -166,6 +166,18 @@ class OrtModelForGeneration(OrtModel, GenerationMixin):
         outputs = graph.run(feeds, output_buffers)
         return outputs["logits"], [outputs[name] for name in self.present_names]
 
+    def run_step_arrays(
+        self, inputs: dict[str, torch.Tensor], past: list[np.ndarray]
+    ) -> tuple[torch.Tensor, list[np.ndarray]]:
+        """`run_decoding_graph` for the lean loop on the CPU without IO binding, with the cache as numpy arrays in and
+        out: the 2 x layers cache tensors skip the torch round trip of every step (0.2 ms a token on a 30-layer
+        model). `inputs` are the prepared, contiguous CPU tensors."""
+        graph = self.graphs[self.decoding_graph]
+        feeds = {name: tensor.numpy() for name, tensor in inputs.items()}
+        feeds.update(zip(self.past_names, past))
+        outputs = dict(zip(graph.output_names, graph.session.run(graph.output_names, feeds)))
+        return torch.from_numpy(outputs["logits"]), [outputs[name] for name in self.present_names]
+
     # -- the lean loop
 
     def _sample(
@@ -212,10 +224,14 @@ class OrtModelForGeneration(OrtModel, GenerationMixin):
         has_eos_stopping_criteria = any(hasattr(criteria, "eos_token_id") for criteria in stopping_criteria)
         # As in transformers, the bookkeeping (ids, processors, criteria) stays on the device of the user's input.
         unfinished = torch.ones(batch, dtype=torch.long, device=input_ids.device)
-        past = self.empty_past(batch)
+        # Without IO binding the cache stays in ONNX Runtime's numpy arrays from step to step (`run_step_arrays`).
+        past = self.empty_past(batch) if use_io_binding else [tensor.numpy() for tensor in self.empty_past(batch)]
         processors = lean_logits_processors(logits_processor)
         while True:
-            logits, past = self.run_decoding_graph({**inputs, "input_ids": tokens}, past, buffers)
+            if use_io_binding:
+                logits, past = self.run_decoding_graph({**inputs, "input_ids": tokens}, past, buffers)
+            else:
+                logits, past = self.run_step_arrays({**inputs, "input_ids": tokens}, past)
             # Float32, as in transformers. No copy: processors may modify the scores in place, and they are already
             # this step's own tensor (ONNX Runtime allocates the logits anew for every run).
             next_logits = logits[:, -1].to(dtype=torch.float32, device=input_ids.device)
