@@ -5,6 +5,7 @@ import math
 from pathlib import Path
 
 import torch
+import transformers
 from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import PreTrainedModel
@@ -24,6 +25,15 @@ from .layers import (
     build_positions,
     check_backend_supports_positions,
 )
+
+# transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache`, and its `generate` passes
+# `cache=`: these models would then decode every step without their cache and silently produce wrong tokens. This
+# module also travels with saved models as remote code, so the check guards Hub loads as well as installs.
+if tuple(int(part) for part in transformers.__version__.split(".")[:2]) >= (5, 24):
+    raise ImportError(
+        f"vaswani models need transformers < 5.24 (found {transformers.__version__}, which renamed `past_key_values` "
+        f"to `cache`); install a supported release with: pip install 'transformers>=5,<5.24'"
+    )
 
 
 class VaswaniPreTrainedModel(PreTrainedModel):
