@@ -84,6 +84,7 @@ def test_text_config_view_is_a_copy_and_the_unsided_view_is_the_config_itself():
 
 CONFIG_CLASSES = {"decoder": VaswaniDecoderConfig, "encoder": VaswaniEncoderConfig, "seq2seq": VaswaniSeq2SeqConfig}
 LINEAR_SCALING = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
+NON_ROTARY_TYPES = [kind for kind in POSITION_TYPES if kind != "rope"]
 
 
 @pytest.mark.parametrize("position_embedding_type", POSITION_TYPES)
@@ -91,13 +92,30 @@ LINEAR_SCALING = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
 def test_only_rotary_configs_expose_rope_parameters(family, position_embedding_type, tmp_path):
     config = CONFIG_CLASSES[family](position_embedding_type=position_embedding_type)
     rotary = position_embedding_type == "rope"
-    # As in transformers' own configs: Llama's has rope parameters, BERT's and BART's have none.
-    assert bool(config.rope_parameters) == rotary
+    # As in transformers' own configs: Llama's has rope parameters, BERT's and BART's have no such attribute, and
+    # transformers (its rope-scaling tests among them) tells RoPE models apart with hasattr.
     assert bool(getattr(LlamaConfig(), "rope_parameters", None)) and not hasattr(BertConfig(), "rope_parameters")
+    assert hasattr(config, "rope_parameters") == rotary and hasattr(config, "rope_scaling") == rotary
+    assert bool(getattr(config, "rope_parameters", None)) == rotary
+    assert ("rope_parameters" in config.to_dict()) == rotary
     config.save_pretrained(tmp_path)
-    assert bool(type(config).from_pretrained(tmp_path).rope_parameters) == rotary
+    assert ("rope_parameters" in json.loads((tmp_path / "config.json").read_text())) == rotary
+    assert hasattr(type(config).from_pretrained(tmp_path), "rope_parameters") == rotary
+    assert hasattr(copy.deepcopy(config), "rope_parameters") == rotary
     if family == "seq2seq":
-        assert all(bool(config.stack_config(side).rope_parameters) == rotary for side in ("encoder", "decoder"))
+        assert all(hasattr(config.stack_config(side), "rope_parameters") == rotary for side in ("encoder", "decoder"))
+
+
+@pytest.mark.parametrize("position_embedding_type", NON_ROTARY_TYPES)
+def test_switching_the_position_type_adds_or_drops_rope_parameters(position_embedding_type):
+    config = VaswaniDecoderConfig(position_embedding_type=position_embedding_type)
+    config.position_embedding_type = "rope"
+    assert config.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
+    config.validate()
+    config.position_embedding_type = position_embedding_type
+    assert not hasattr(config, "rope_parameters")
+    config.rope_parameters = None  # clearing what is not there stays a no-op
+    assert not hasattr(config, "rope_parameters")
 
 
 NON_ROTARY = [kind for kind in POSITION_TYPES if kind != "rope"]
@@ -136,7 +154,7 @@ def test_folders_saved_with_default_rope_parameters_still_load(tmp_path):
     config_file.write_text(json.dumps(saved))
     for loader in (VaswaniForCausalLM, AutoModelForCausalLM):
         loaded = loader.from_pretrained(tmp_path, trust_remote_code=True).eval()
-        assert loaded.config.rope_parameters is None
+        assert not hasattr(loaded.config, "rope_parameters")
         ids = random_ids(1, 6)
         with torch.no_grad():
             assert (loaded(ids).logits - model(ids).logits).abs().max().item() <= 1e-5

@@ -47,7 +47,9 @@ class VaswaniConfig(PreTrainedConfig):
             (T5's bucketed learned bias) or `none`.
         rope_parameters: transformers' RoPE settings, e.g. `{"rope_type": "default", "rope_theta": 10000.0}`.
             Any `rope_type` of `transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS` works. Only rotary configs
-            have them (other position types have `None`, and refuse rope settings with a `ValueError`).
+            have the attribute at all, as in transformers' own models (BERT, GPT-2 and BART have none): tools decide
+            whether a model uses RoPE with `hasattr(config, "rope_parameters")`. Other position types refuse rope
+            settings with a `ValueError`.
         max_position_embeddings: Longest sequence the model is meant for; a hard limit for `learned`
             positions, the RoPE scaling reference otherwise.
         relative_attention_num_buckets: Buckets of the `relative_bias` positions (T5: 32).
@@ -93,7 +95,6 @@ class VaswaniConfig(PreTrainedConfig):
     hidden_act: str = "gelu"
     gated_ffn: bool = False
     position_embedding_type: str = "rope"
-    rope_parameters: dict | None = None
     max_position_embeddings: int = 2048
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
@@ -119,9 +120,11 @@ class VaswaniConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = None
 
     def __post_init__(self, **kwargs):
-        if self.rope_parameters is not None and not isinstance(self.rope_parameters, dict):
+        # Not a dataclass field: a field would give every config the attribute (a class default), RoPE or not.
+        rope_parameters = kwargs.pop("rope_parameters", None)
+        if rope_parameters is not None and not isinstance(rope_parameters, dict):
             raise ValueError(
-                f"rope_parameters={self.rope_parameters!r} must be None or a dict such as "
+                f"rope_parameters={rope_parameters!r} must be None or a dict such as "
                 f"{{'rope_type': 'default', 'rope_theta': 10000.0}}."
             )
         if self.num_key_value_heads is None:
@@ -138,29 +141,33 @@ class VaswaniConfig(PreTrainedConfig):
             self.intermediate_size = 4 * self.hidden_size
         if self.embedding_scale is None:
             self.embedding_scale = self.position_embedding_type == "sinusoidal"
-        rotary = self.position_embedding_type == "rope"
-        if not rotary:
-            self._refuse_rope_request(kwargs)
-            self.rope_parameters = None
+        if self.position_embedding_type == "rope":
+            # Set before transformers' own post-init, which standardizes it (legacy rope_scaling/rope_theta included).
+            self.rope_parameters = rope_parameters
+        else:
+            self._refuse_rope_request(rope_parameters, kwargs)
         super().__post_init__(**kwargs)
-        if not rotary:
-            # transformers fills in default rope parameters for every config that has the field; without rotary
-            # positions they would make its rope-scaling machinery believe this model uses RoPE.
-            self.rope_parameters = None
         self.validate()
 
     def __setattr__(self, key: str, value: Any) -> None:
-        # Rope scaling set on a built non-rotary config (`config.rope_parameters = ...`, `config.rope_scaling = ...`)
-        # would silently do nothing: refuse it.
-        if key == "rope_parameters" and value and self.__dict__.get("_post_init_done"):
-            if self.position_embedding_type != "rope":
-                raise ValueError(self._no_rope_message(value))
+        if self.__dict__.get("_post_init_done"):
+            rotary = self.__dict__.get("position_embedding_type") == "rope"
+            if key == "rope_parameters" and not rotary:
+                # Rope scaling set on a built non-rotary config (`config.rope_parameters = ...`,
+                # `config.rope_scaling = ...`) would silently do nothing: refuse it. Clearing it is already the case.
+                if value:
+                    raise ValueError(self._no_rope_message(value))
+                return
+            if key == "position_embedding_type" and value != "rope" and rotary:
+                self.__dict__.pop("rope_parameters", None)
+            elif key == "position_embedding_type" and value == "rope" and not rotary:
+                super().__setattr__("rope_parameters", dict(DEFAULT_ROPE_PARAMETERS))
         super().__setattr__(key, value)
 
-    def _refuse_rope_request(self, kwargs: dict[str, Any]) -> None:
+    def _refuse_rope_request(self, rope_parameters: dict | None, kwargs: dict[str, Any]) -> None:
         """Raise if a non-rotary config is given rope settings other than the defaults every config used to carry
         (configs saved before rope parameters followed the position type have them, and still load)."""
-        requested = dict(self.rope_parameters or {})
+        requested = dict(rope_parameters or {})
         if kwargs.get("rope_scaling"):
             requested.update(kwargs["rope_scaling"])
         if "rope_theta" in kwargs:
@@ -238,7 +245,7 @@ class VaswaniConfig(PreTrainedConfig):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False.")
         if self.position_embedding_type == "rope":
             self._validate_rope()
-        elif self.rope_parameters:
+        elif "rope_parameters" in self.__dict__:
             raise ValueError(self._no_rope_message(self.rope_parameters))
         if self.position_embedding_type == "relative_bias":
             self._validate_relative_bias()
@@ -323,8 +330,14 @@ class VaswaniConfig(PreTrainedConfig):
         if cls is VaswaniConfig and config_dict.get("model_type") in CONFIG_CLASSES:
             # The base class loads any family's config as that family's class (heads shared by families use it).
             return CONFIG_CLASSES[config_dict["model_type"]].from_dict(config_dict, **kwargs)
+        # transformers sets only overrides the config has as attributes and hands the rest back unused: rope settings
+        # for a non-rotary config would vanish without a word. Apply them here, where a non-rotary config refuses them.
+        rope_overrides = {key: kwargs.pop(key) for key in ("rope_parameters", "rope_scaling") if key in kwargs}
         result = super().from_dict(config_dict, **kwargs)
-        (result[0] if isinstance(result, tuple) else result).validate()
+        config = result[0] if isinstance(result, tuple) else result
+        for key, value in rope_overrides.items():
+            setattr(config, key, value)
+        config.validate()
         return result
 
     # ------------------------------------------------------------------ presets

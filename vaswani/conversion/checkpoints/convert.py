@@ -180,9 +180,11 @@ def _effective_fields(config: VaswaniConfig, pooled: bool) -> dict[str, Any]:
     names = [field.name for field in dataclasses.fields(config) if field.name not in inherited | UNCOMPARED_FIELDS]
     fields = {name: getattr(config, name) for name in names}
     fields["attention_scale"] = config.attention_scale or config.head_dim**-0.5
+    if hasattr(config, "rope_parameters"):  # an attribute of rotary configs only, not a field
+        fields["rope_parameters"] = config.rope_parameters
     for name, position_types in POSITION_FIELDS.items():
         if config.position_embedding_type not in position_types:
-            del fields[name]
+            fields.pop(name, None)
     if pooled:  # the pooler pools the first token unless the config says otherwise
         fields["classifier_pooling"] = config.classifier_pooling or "cls"
     else:

@@ -46,7 +46,7 @@ def config_from_qwen2(config: PreTrainedConfig) -> VaswaniDecoderConfig:
 
 def config_to_llama(config: VaswaniConfig, config_class: type[PreTrainedConfig] = LlamaConfig) -> PreTrainedConfig:
     """The inverse of `config_from_llama`, as a `LlamaConfig`, `MistralConfig` or `Qwen2Config`."""
-    rope = {"rope_parameters": dict(config.rope_parameters)} if config.rope_parameters else {}
+    rope = {"rope_parameters": dict(config.rope_parameters)} if getattr(config, "rope_parameters", None) else {}
     return transformers_config(
         config_class,
         vocab_size=config.vocab_size,
