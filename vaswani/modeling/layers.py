@@ -79,7 +79,7 @@ class PositionEncoding(nn.Module):
 
     - `add_to_embeddings`: absolute positions added to the token embeddings (sinusoidal, learned);
     - `rotary`: (cos, sin) that attention applies to queries and keys (RoPE);
-    - `score_bias`: an additive (1, heads, queries, keys) attention-score bias (ALiBi, T5 relative bias).
+    - `score_bias`: an additive (batch or 1, heads, queries, keys) attention-score bias (ALiBi, T5 relative bias).
 
     The model calls all three once per forward; the base class contributes nothing (`none`).
     """
@@ -90,17 +90,18 @@ class PositionEncoding(nn.Module):
     def rotary(self, hidden_states: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         return None
 
-    def score_bias(self, query_length: int, past_key_values: Cache | None, device: torch.device) -> torch.Tensor | None:
+    def score_bias(self, position_ids: torch.Tensor, past_key_values: Cache | None) -> torch.Tensor | None:
         return None
 
 
 class DistanceBias(PositionEncoding):
     """Variants whose score bias depends on query and key positions only through their distance."""
 
-    def score_bias(self, query_length: int, past_key_values: Cache | None, device: torch.device) -> torch.Tensor:
-        return self.bias(*bias_positions(query_length, past_key_values, device))
+    def score_bias(self, position_ids: torch.Tensor, past_key_values: Cache | None) -> torch.Tensor:
+        return self.bias(*bias_positions(position_ids, past_key_values))
 
     def bias(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        """The (batch or 1, heads, queries, keys) bias for (batch or 1, queries) and (batch or 1, keys) positions."""
         raise NotImplementedError
 
 
@@ -213,8 +214,8 @@ class AlibiPositionBias(DistanceBias):
         self.slopes = nn.Buffer(alibi_slopes(config.num_attention_heads), persistent=False)
 
     def bias(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
-        distance = (query_positions[:, None] - key_positions[None, :]).abs().float()
-        return (-self.slopes.to(distance.device)[:, None, None] * distance).unsqueeze(0)
+        distance = (query_positions[:, :, None] - key_positions[:, None, :]).abs().float()
+        return -self.slopes.to(distance.device)[None, :, None, None] * distance[:, None]
 
 
 class RelativePositionBias(DistanceBias):
@@ -248,9 +249,9 @@ class RelativePositionBias(DistanceBias):
         return buckets + torch.where(is_small, distance, log_bucket)
 
     def bias(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
-        relative_position = key_positions[None, :] - query_positions[:, None]
-        bias = self.relative_attention_bias(self.bucket(relative_position))  # (queries, keys, heads)
-        return bias.permute(2, 0, 1).unsqueeze(0)
+        relative_position = key_positions[:, None, :] - query_positions[:, :, None]
+        bias = self.relative_attention_bias(self.bucket(relative_position))  # (batch, queries, keys, heads)
+        return bias.permute(0, 3, 1, 2)
 
 
 def build_positions(config: VaswaniConfig, bidirectional: bool) -> PositionEncoding:
@@ -269,24 +270,36 @@ def build_positions(config: VaswaniConfig, bidirectional: bool) -> PositionEncod
     return PositionEncoding()
 
 
-def bias_positions(
-    query_length: int, past_key_values: Cache | None, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Absolute indices of the queries and keys of one self-attention call, for distance-based biases.
+def bias_positions(position_ids: torch.Tensor, past_key_values: Cache | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions of the queries and keys of one self-attention call, for distance-based biases: (batch or 1, n) each.
 
-    Left padding shifts queries and keys alike, so distances (all ALiBi and relative bias need) stay right.
-    A static cache reports its full length as keys; the mask hides the slots not yet written.
+    Without cached keys, the queries are the keys and both take the position ids: distances then follow the ids, not
+    the tokens' places in the tensor, so sequences packed into one row (ids restarting at 0) and rows with padding
+    between real tokens get exactly the bias they would get alone, as rotary positions do.
+    With cached keys, whose ids the cache does not keep, positions are indices into the cache (left padding shifts
+    queries and keys alike, so distances stay right); a static cache reports its full length as keys and the mask
+    hides the slots not yet written.
     """
     if isinstance(past_key_values, EncoderDecoderCache):
         past_key_values = past_key_values.self_attention_cache
-    if past_key_values is None:
-        positions = torch.arange(query_length, device=device)
-        return positions, positions
+    if past_key_values is None or _holds_no_tokens(past_key_values):
+        return position_ids, position_ids
+    query_length, device = position_ids.shape[-1], position_ids.device
     query_offset = past_key_values.get_query_offset(0)
     key_length, key_offset = past_key_values.get_mask_sizes(query_length, 0)
     query_positions = torch.arange(query_length, device=device) + query_offset
     key_positions = torch.arange(key_length, device=device) + key_offset
-    return query_positions, key_positions
+    return query_positions[None], key_positions[None]
+
+
+def _holds_no_tokens(cache: Cache) -> bool:
+    # Static (compileable) caches always take the index path: their keys span the whole preallocated length, and
+    # asking their length would be a data-dependent branch in a compiled graph. A dynamic cache knows it as a number
+    # (a symbol while exporting, which also keeps the index path).
+    if cache.is_compileable:
+        return False
+    length = cache.get_seq_length()
+    return isinstance(length, int) and length == 0
 
 
 # --------------------------------------------------------------------------------------------------- attention

@@ -205,7 +205,7 @@ class VaswaniStack(VaswaniPreTrainedModel):
     ) -> torch.Tensor:
         """Apply every block, with positions computed once for all of them, then the final norm."""
         rotary = self.positions.rotary(hidden_states, position_ids)
-        bias = self.positions.score_bias(hidden_states.shape[1], past_key_values, hidden_states.device)
+        bias = self.positions.score_bias(position_ids, past_key_values)
         for layer in self.layers:
             # Positional, not keyword: reentrant gradient checkpointing tracks only positional tensors, and the
             # learned bias and the encoder output carry gradients back to weights outside the block.
