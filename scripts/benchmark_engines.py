@@ -451,7 +451,13 @@ def main() -> None:
     parser.add_argument("--engines", type=Path, default=Path.home() / ".cache" / "vaswani-bench-engines",
                         help="the folder scripts/benchmark_engines/setup.sh filled")  # fmt: skip
     parser.add_argument("--work-dir", type=Path, default=Path("outputs/engines-benchmark"))
-    parser.add_argument("--systems", help=f"comma-separated subset of: {', '.join(SYSTEMS)}")
+    parser.add_argument(
+        "--systems",
+        nargs="+",
+        metavar="NAME",
+        help="the systems to run, each name one quoted argument (names contain commas and spaces), e.g. "
+        f"--systems 'vaswani ORT int8' 'CTranslate2 int8, 1 thread'; any of: {'; '.join(SYSTEMS)}",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=64)
@@ -487,7 +493,7 @@ def main() -> None:
     if not (args.model / "config.json").is_file():
         parser.error(f"--model {args.model} has no config.json; pass a transformers model folder (see the docstring)")
     allowed = SEQ2SEQ_SYSTEMS if args.seq2seq else DECODER_SYSTEMS
-    names = args.systems.split(",") if args.systems else list(allowed)
+    names = list(args.systems) if args.systems else list(allowed)
     if unknown := [name for name in names if name not in allowed]:
         parser.error(f"unknown systems {unknown}; choose from {allowed}")
     if "transformers fp32" not in names:
