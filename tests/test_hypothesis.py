@@ -89,7 +89,7 @@ def describe(config: VaswaniDecoderConfig) -> str:
         "num_hidden_layers",
         "rope_parameters",
     )
-    return ", ".join(f"{name}={getattr(config, name)!r}" for name in fields)
+    return ", ".join(f"{name}={getattr(config, name)!r}" for name in fields if hasattr(config, name))
 
 
 @settings(max_examples=15, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])

@@ -3,7 +3,7 @@
 Each variant the literature uses is one small named piece chosen by the config in one place (`build_norm`,
 `build_positions`); the encoder, decoder and encoder-decoder families assemble these and nothing else.
 
-Like `configuration.py`, this module imports only `torch` and `transformers`, so it travels with a saved model
+Like the `configuration*.py` modules, this module imports only `torch` and `transformers`, so it travels with a saved model
 as Hub custom code.
 """
 
