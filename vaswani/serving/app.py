@@ -10,12 +10,14 @@ Every error is a 4xx (5xx for a failure inside the model) with OpenAI's error bo
 """
 
 import asyncio
+import base64
 import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
@@ -93,6 +95,8 @@ def create_app(service: GenerationService | EncoderService) -> FastAPI:
         body = await parse(request, EmbeddingRequest)
         encoder = encoder_service(service, body.model, "embedding")
         vectors, tokens = await run_in_threadpool(encoder.embed, body.texts)
+        if body.encoding_format == "base64":
+            vectors = [base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode() for vector in vectors]
         data = [{"object": "embedding", "index": i, "embedding": vector} for i, vector in enumerate(vectors)]
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return {"object": "list", "data": data, "model": service.name, "usage": usage}

@@ -149,7 +149,7 @@ class CompletionRequest(SamplingFields):
 class EmbeddingRequest(StrictModel):
     model: str
     input: str | list[str] = Field(description="a text or a list of texts")
-    encoding_format: Literal["float"] = "float"
+    encoding_format: Literal["float", "base64"] = "float"  # base64: little-endian float32 (the openai client's default)
     user: str | None = None
 
     @property
