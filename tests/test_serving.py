@@ -220,6 +220,45 @@ def test_a_sequence_joins_the_running_batch_and_leaves_without_waiting(offline, 
     assert tokens["short"] == offline_answer(offline, tokenizer, short_prompt, 10)[1]
 
 
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_prompts_prefilled_together_get_generates_tokens(offline, tokenizer, chunk):
+    """Prompts of different lengths, left-padded into one prefill group: in one call (nothing running), or fed
+    `chunk` tokens at a time between the decoding steps of a sequence that is already running."""
+    step_model = RecordingStepModel(offline)
+    engine = Engine(step_model, max_batch=8, prefill_chunk=chunk or 32)
+    prompts = [chat_prompt(tokenizer, question) for question in QUESTIONS[:5]]
+    answers, finished = {i: [] for i in range(len(prompts) + 1)}, threading.Semaphore(0)
+
+    def emitter(index):
+        def emit(event):
+            answers[index].append(event.token)
+            if event.finish_reason:
+                finished.release()
+
+        return emit
+
+    first = chat_prompt(tokenizer, QUESTIONS[6])
+    if chunk:  # a sequence runs first; the group joins while it decodes
+        engine.start()
+        engine.submit(first, SamplingParams(max_tokens=200, temperature=0), emitter(len(prompts)))
+        while len(answers[len(prompts)]) < 3:
+            threading.Event().wait(0.001)
+    for index, prompt in enumerate(prompts):
+        engine.submit(prompt, SamplingParams(max_tokens=20, temperature=0), emitter(index))
+    engine.start()
+    try:
+        for _ in range(len(prompts) + bool(chunk)):
+            assert finished.acquire(timeout=30)
+    finally:
+        engine.stop()
+    for index, prompt in enumerate(prompts):
+        assert answers[index] == offline_answer(offline, tokenizer, prompt, 20)[1]
+    if chunk:
+        assert answers[len(prompts)] == offline_answer(offline, tokenizer, first, 200)[1]
+    else:
+        assert step_model.batches[0] == len(prompts)  # one prefill call for the five
+
+
 def test_torch_backend_serves_the_pytorch_folder(folders, tokenizer):
     from vaswani import VaswaniForCausalLM
 

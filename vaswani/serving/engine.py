@@ -8,13 +8,14 @@ binding on CUDA), called by the scheduler instead of `generate`.
 
 `RunningBatch` holds the cache of every running sequence in one set of tensors, (batch, heads, length, head_dim) per
 layer, left-padded: a row's real tokens end at the last column and the attention mask zeroes the padding before
-them, as in batched `generate` on left-padded prompts. A sequence joins after its prompt was prefilled on its own
-(`join`: the shorter of the two caches is padded on the left and the rows concatenated, one copy of the cache, about
-what one decoding step copies anyway), and leaves by dropping its row (`keep`). Columns that only padding occupies
+them, as in batched `generate` on left-padded prompts. Sequences join after their prompts were prefilled apart from
+the batch (`PrefillGroup`, several prompts left-padded together), by `join`: the shorter of the two caches is padded
+on the left and the rows concatenated, one copy of the cache, about what one decoding step copies anyway. A sequence
+leaves by dropping its row (`keep`). Columns that only padding occupies
 after rows left are cut off (`trim`) so that the others do not keep attending over them.
 
     >>> step = OrtStepModel(OrtModelForCausalLM.from_pretrained("exported"))
-    >>> logits, cache = step.run(ids, mask, positions, step.empty_cache())
+    >>> logits, cache = step.run(ids, mask, positions, step.empty_cache(batch=1))
 """
 
 from collections.abc import Sequence
@@ -71,8 +72,8 @@ class OrtStepModel:
         self.vocab_size = model.manifest["vocab_size"]
         self.context_length = context_length(model.config)
 
-    def empty_cache(self) -> list[Array]:
-        past = self.model.empty_past(1)
+    def empty_cache(self, batch: int = 1) -> list[Array]:
+        past = self.model.empty_past(batch)
         return past if self.graph.use_io_binding else [tensor.numpy() for tensor in past]
 
     def run(
@@ -109,10 +110,10 @@ class TorchStepModel:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
 
-    def empty_cache(self) -> list[Array]:
+    def empty_cache(self, batch: int = 1) -> list[Array]:
         heads = self.config.num_key_value_heads
         head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
-        shape = (1, heads, 0, head_dim)
+        shape = (batch, heads, 0, head_dim)
         empty = torch.empty(shape, dtype=self.dtype, device=self.device)
         return [empty if self.device.type != "cpu" else empty.numpy()] * (2 * self.config.num_hidden_layers)
 
@@ -142,6 +143,45 @@ def context_length(config: Any) -> int:
     return int(getattr(config, "max_position_embeddings", None) or 2048)
 
 
+class PrefillGroup:
+    """Prompts prefilled together: left-padded to the longest, fed in chunks of columns (`run`), so that one call
+    never holds more than a chosen number of tokens. Padding columns get position 0 and mask 0, as in `generate`."""
+
+    def __init__(self, rows: list[Any], prompts: list[list[int]], empty_cache: list[Array]):
+        self.rows = rows
+        longest = max(len(prompt) for prompt in prompts)
+        self.ids = np.zeros((len(prompts), longest), dtype=np.int64)
+        self.mask = np.zeros((len(prompts), longest), dtype=np.int64)
+        for i, prompt in enumerate(prompts):
+            self.ids[i, longest - len(prompt) :] = prompt
+            self.mask[i, longest - len(prompt) :] = 1
+        self.positions = np.maximum(self.mask.cumsum(axis=1) - 1, 0)
+        self.cache = empty_cache
+        self.filled = 0  # columns in `cache`
+
+    @property
+    def tokens(self) -> int:
+        return self.ids.size
+
+    @property
+    def done(self) -> bool:
+        return self.filled == self.ids.shape[1]
+
+    def run(self, model: Any, columns: int) -> np.ndarray:
+        """Feed the next `columns` columns; returns the logits of the last one (rows, vocab)."""
+        start, end = self.filled, min(self.filled + columns, self.ids.shape[1])
+        logits, self.cache = model.run(
+            self.ids[:, start:end], self.mask[:, :end], self.positions[:, start:end], self.cache
+        )
+        self.filled = end
+        return logits
+
+    def keep(self, rows: list[int]) -> tuple[list[Any], list[Array], np.ndarray]:
+        """The rows listed, with their cache and mask, to join a `RunningBatch`."""
+        cache = self.cache if len(rows) == len(self.rows) else [take_rows(tensor, rows) for tensor in self.cache]
+        return [self.rows[i] for i in rows], cache, self.mask[rows]
+
+
 class RunningBatch:
     """The cache and attention mask of the running sequences, one row each, left-padded to a common length.
 
@@ -160,16 +200,19 @@ class RunningBatch:
     def length(self) -> int:
         return self.mask.shape[1]
 
-    def join(self, row: Any, cache: list[Array], mask: np.ndarray) -> None:
-        """Add a prefilled sequence: its cache (1, heads, length, head_dim) per tensor and its mask (1, length)."""
+    def join(self, rows: list[Any], cache: list[Array], mask: np.ndarray) -> None:
+        """Add prefilled sequences: their cache (len(rows), heads, length, head_dim) per tensor and their mask
+        (len(rows), length), left-padded like the batch's."""
+        if not rows:
+            return
         if not self.rows:
-            self.rows, self.cache, self.mask = [row], cache, mask
+            self.rows, self.cache, self.mask = list(rows), cache, mask
             return
         length = max(self.length, mask.shape[1])
         own, new = length - self.length, length - mask.shape[1]
         self.cache = [concat([pad_left(old, own), pad_left(add, new)], axis=0) for old, add in zip(self.cache, cache)]
         self.mask = np.concatenate([np.pad(self.mask, ((0, 0), (own, 0))), np.pad(mask, ((0, 0), (new, 0)))])
-        self.rows.append(row)
+        self.rows += rows
 
     def step(self, model: Any, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Feed one token per row (`tokens` and their `positions`, (batch, 1)); returns the logits (batch, vocab)."""

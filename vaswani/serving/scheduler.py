@@ -1,10 +1,12 @@
 """Continuous batching: the engine thread that decodes every running sequence in one batch, one token per step.
 
-A submitted sequence waits in a bounded queue (`QueueFull` past it: the server answers 429), is prefilled on its
-own, joins the running batch at the next step and leaves it as soon as it finishes or its client goes away, without
-waiting for the others (`engine.RunningBatch`). While sequences are running, a prompt is prefilled in chunks of at
-most `prefill_chunk` tokens, one chunk between two decoding steps, so a long prompt delays the running sequences by
-one chunk's time per step instead of by its whole prefill. With nothing running it is prefilled in one call.
+A submitted sequence waits in a bounded queue (`QueueFull` past it: the server answers 429), is prefilled apart from
+the running batch, together with the other waiting prompts that fit (`engine.PrefillGroup`, at most
+`max_prefill_tokens` padded tokens), joins the running batch at the next step and leaves it as soon as it finishes or
+its client goes away, without waiting for the others (`engine.RunningBatch`). While sequences are running, the
+prompts are fed in chunks of about `prefill_chunk` tokens, one chunk between two decoding steps, so joining prompts
+delay the running sequences by one chunk's time per step instead of by their whole prefill. With nothing running
+they are prefilled in one call, as offline `generate` prefills a batch.
 
 Tokens are chosen per row: greedy (argmax, as `generate`'s greedy search) or sampled with the row's temperature and
 top-p from the row's own random generator (its `seed`), so rows never influence each other's tokens.
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .engine import RunningBatch
+from .engine import PrefillGroup, RunningBatch
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +68,6 @@ class Sequence:
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
     finished: bool = False
-    prefilled: int = 0  # prompt tokens in `cache` so far
-    cache: list | None = None
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.params.seed)
@@ -85,16 +85,21 @@ class Engine:
         model: an `OrtStepModel` or `TorchStepModel`.
         max_batch: sequences decoded together at most; more wait.
         max_waiting: sequences waiting at most; `submit` raises `QueueFull` past it.
-        prefill_chunk: prompt tokens prefilled between two decoding steps while sequences are running.
+        prefill_chunk: prompt tokens (over all prompts of a group) fed between two decoding steps while sequences
+            are running; at least one column of the group.
+        max_prefill_tokens: padded prompt tokens prefilled together at most (a longer prompt is prefilled alone).
     """
 
-    def __init__(self, model, max_batch: int = 16, max_waiting: int = 64, prefill_chunk: int = 32):
+    def __init__(
+        self, model, max_batch: int = 16, max_waiting: int = 64, prefill_chunk: int = 32, max_prefill_tokens: int = 2048
+    ):
         if max_batch < 1 or max_waiting < 0 or prefill_chunk < 1:
             raise ValueError("max_batch and prefill_chunk must be at least 1 and max_waiting at least 0.")
         self.model = model
         self.max_batch, self.max_waiting, self.prefill_chunk = max_batch, max_waiting, prefill_chunk
+        self.max_prefill_tokens = max_prefill_tokens
         self.waiting: deque[Sequence] = deque()
-        self.prefilling: Sequence | None = None
+        self.prefilling: PrefillGroup | None = None
         self.batch = RunningBatch()
         self.wakeup = threading.Condition()
         self.ids = itertools.count()
@@ -153,26 +158,39 @@ class Engine:
                 if self.stopping:
                     return
                 if self.prefilling is None and self.waiting and self.busy < self.max_batch:
-                    self.prefilling = self.waiting.popleft()
+                    self.prefilling = self._next_group()
             try:
                 self._iteration()
             except Exception as error:  # a failing step must not take the server down: fail its sequences
                 log.exception("decoding step failed")
                 self._fail_all(f"{type(error).__name__}: {error}")
 
+    def _next_group(self) -> PrefillGroup:
+        """The waiting sequences that fit in the free slots and in `max_prefill_tokens` (the first always does)."""
+        group = [self.waiting.popleft()]
+        longest = len(group[0].prompt)
+        while self.waiting and self.busy + len(group) < self.max_batch:
+            longer = max(longest, len(self.waiting[0].prompt))
+            if longer * (len(group) + 1) > self.max_prefill_tokens:
+                break
+            group.append(self.waiting.popleft())
+            longest = longer
+        return PrefillGroup(group, [sequence.prompt for sequence in group], self.model.empty_cache(len(group)))
+
     def _iteration(self) -> None:
         self._drop_cancelled_waiting()
-        if self.prefilling is not None:
-            sequence = self.prefilling
-            if sequence.cancelled:
+        group = self.prefilling
+        if group is not None:
+            if all(sequence.cancelled for sequence in group.rows):
                 self.prefilling = None
             else:
                 try:
-                    self._prefill(sequence)
-                except Exception as error:  # e.g. a prompt the graph rejects: only that request fails
+                    self._prefill(group)
+                except Exception as error:  # e.g. a prompt the graph rejects: only these requests fail
                     log.exception("prefill failed")
                     self.prefilling = None
-                    self._finish(sequence, Event(None, "error", f"{type(error).__name__}: {error}"))
+                    for sequence in group.rows:
+                        self._finish(sequence, Event(None, "error", f"{type(error).__name__}: {error}"))
         if self.batch.rows:
             self._decode_step()
 
@@ -181,26 +199,17 @@ class Engine:
             with self.wakeup:
                 self.waiting = deque(sequence for sequence in self.waiting if not sequence.cancelled)
 
-    def _prefill(self, sequence: Sequence) -> None:
-        """One chunk of `sequence`'s prompt (all of it when nothing else runs); after the last chunk, its first token,
-        and it joins the batch."""
-        if sequence.cache is None:
-            sequence.cache = self.model.empty_cache()
-        left = len(sequence.prompt) - sequence.prefilled
-        size = min(left, self.prefill_chunk) if self.batch.rows else left
-        start, end = sequence.prefilled, sequence.prefilled + size
-        ids = np.array([sequence.prompt[start:end]], dtype=np.int64)
-        mask = np.ones((1, end), dtype=np.int64)
-        positions = np.arange(start, end, dtype=np.int64)[None]
-        logits, sequence.cache = self.model.run(ids, mask, positions, sequence.cache)
-        sequence.prefilled = end
-        if end < len(sequence.prompt):
+    def _prefill(self, group: PrefillGroup) -> None:
+        """One chunk of the group's prompts (all of them when nothing else runs); after the last chunk, their first
+        tokens, and they join the batch."""
+        columns = max(1, self.prefill_chunk // len(group.rows)) if self.batch.rows else group.ids.shape[1]
+        logits = group.run(self.model, columns)
+        if not group.done:
             return
         self.prefilling = None
-        cache, sequence.cache = sequence.cache, None
-        self._accept([sequence], choose_tokens(logits, [sequence]))
-        if not sequence.finished:
-            self.batch.join(sequence, cache, mask)
+        self._accept(group.rows, choose_tokens(logits, group.rows))
+        keep = [i for i, sequence in enumerate(group.rows) if not (sequence.finished or sequence.cancelled)]
+        self.batch.join(*group.keep(keep))
 
     def _decode_step(self) -> None:
         rows = self.batch.rows
@@ -235,7 +244,7 @@ class Engine:
         sequence.emit(event)
 
     def _fail_all(self, message: str) -> None:
-        failed = list(self.batch.rows) + ([self.prefilling] if self.prefilling else [])
+        failed = list(self.batch.rows) + (self.prefilling.rows if self.prefilling else [])
         self.batch.keep([])
         self.prefilling = None
         for sequence in failed:
