@@ -1,6 +1,6 @@
 """`vaswani serve` under concurrent streaming clients against offline `generate` on the same exported folder.
 
-For each folder, each round runs, each in a process of its own and in alternating order:
+For each folder, in rounds, each system in a process of its own (both stay loaded; one idles while the other runs):
 - offline: `OrtModelForCausalLM.generate` on the chat prompt at batch 1 and at batch 8 (the prompt repeated),
   `--new-tokens` greedy tokens (end-of-sequence cannot stop them early), after a warm-up; tokens/s include prefill;
 - served: `vaswani serve FOLDER --threads T` in a subprocess, then 1, 4, 8, 16 (`--clients`) concurrent streaming
@@ -8,12 +8,13 @@ For each folder, each round runs, each in a process of its own and in alternatin
   (`ignore_eos`), all sent at once. Throughput: all tokens over the time from the first request sent to the last
   token received. Time to first token: request sent to first content chunk. Inter-token latency: the gaps between a
   stream's content chunks (one chunk per token, except where a token ends inside a character).
+In each round offline batch 1 runs right before 1 client and offline batch 8 right before 8 clients.
 
 Targets (issue 19): 8 clients reach 0.9x the offline batch-8 throughput; one client is within 10% of offline
 batch-1 speed; nothing is starved: inter-token latency p95 under 3x p50. Ratios are taken within a round, then the
-median over rounds is reported, since the shared machine's load drifts between rounds.
+median over rounds is reported, since the shared machine's load drifts within minutes.
 
-    python scripts/benchmark_serve.py --folders /tmp/smol/onnx-int8 /tmp/smol/onnx-fp32 --rounds 3 \\
+    python scripts/benchmark_serve.py --folders /tmp/smol/onnx-int8 /tmp/smol/onnx-fp32 --rounds 5 \\
         --markdown docs/results/benchmark_serve_cpu.md
 """
 
@@ -40,7 +41,9 @@ def percentile(values: list[float], q: float) -> float:
 # ------------------------------------------------------------------------------------------- offline reference
 
 
-def offline_worker(folder: str, threads: int, new_tokens: int, repeats: int) -> dict:
+def offline_worker(folder: str, threads: int, new_tokens: int) -> None:
+    """A process of its own that loads the folder once, then for each batch size read from stdin runs `generate` and
+    prints the tokens/s as a JSON line (it idles between requests, so the server can run in between)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -52,26 +55,47 @@ def offline_worker(folder: str, threads: int, new_tokens: int, repeats: int) -> 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     messages = [{"role": "user", "content": QUESTION}]
     prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
-    results = {"prompt_tokens": len(prompt)}
-    for batch in (1, 8):
+
+    def generate(batch: int, tokens: int) -> float:
         ids = torch.tensor([prompt] * batch)
-        settings = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
-        model.generate(ids, max_new_tokens=8, min_new_tokens=8, **settings)  # warm-up
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **settings)
-            times.append(time.perf_counter() - start)
-        results[f"batch {batch}"] = batch * new_tokens / statistics.median(times)
-    return results
+        start = time.perf_counter()
+        model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False
+        )
+        return batch * tokens / (time.perf_counter() - start)
+
+    for batch in (1, 8):
+        generate(batch, 8)  # warm-up
+    print(json.dumps({"ready": True, "prompt_tokens": len(prompt)}), flush=True)
+    for line in sys.stdin:
+        print(json.dumps({"tokens/s": generate(int(line), new_tokens)}), flush=True)
 
 
-def run_offline(folder: str, args) -> dict:
-    command = [sys.executable, __file__, "--offline-worker", folder, "--threads", str(args.threads)]
-    command += ["--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
-    output = subprocess.run(command, capture_output=True, text=True, env=env, check=True).stdout
-    return json.loads(output.strip().splitlines()[-1])
+class Offline:
+    """The offline worker process; `run(batch)` returns its tokens/s."""
+
+    def __init__(self, folder: str, args):
+        command = [sys.executable, __file__, "--offline-worker", folder, "--threads", str(args.threads)]
+        command += ["--new-tokens", str(args.new_tokens)]
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        self.process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.info = self._read()
+
+    def _read(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError("the offline worker exited")
+        return json.loads(line)
+
+    def run(self, batch: int) -> float:
+        self.process.stdin.write(f"{batch}\n")
+        self.process.stdin.flush()
+        return self._read()["tokens/s"]
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=30)
 
 
 # ------------------------------------------------------------------------------------------------ served
@@ -87,7 +111,17 @@ def start_server(folder: str, args) -> tuple[subprocess.Popen, str]:
     import httpx
 
     port = free_port()
-    command = [sys.executable, "-m", "vaswani.cli", "serve", folder, "--port", str(port), "--threads", str(args.threads)]
+    command = [
+        sys.executable,
+        "-m",
+        "vaswani.cli",
+        "serve",
+        folder,
+        "--port",
+        str(port),
+        "--threads",
+        str(args.threads),
+    ]
     command += ["--max-batch", str(max(args.clients)), "--prefill-chunk", str(args.prefill_chunk)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -131,52 +165,57 @@ async def one_stream(http, model: str, new_tokens: int) -> dict:
     return {"sent": sent, "arrivals": arrivals, "tokens": tokens}
 
 
-async def sweep(url: str, model: str, args) -> dict:
+async def concurrent_streams(url: str, model: str, clients: int, new_tokens: int) -> list[dict]:
     import httpx
 
-    limits = httpx.Limits(max_connections=max(args.clients) + 4)
-    results = {}
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
-        await one_stream(http, model, 8)  # warm-up
-        for clients in args.clients:
-            runs = []
-            for _ in range(args.repeats):
-                runs.append(await asyncio.gather(*(one_stream(http, model, args.new_tokens) for _ in range(clients))))
-            results[clients] = summarize(runs)
-    return results
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=clients + 4)) as http:
+        return await asyncio.gather(*(one_stream(http, model, new_tokens) for _ in range(clients)))
 
 
-def summarize(runs: list[list[dict]]) -> dict:
-    throughputs, ttfts, gaps = [], [], []
-    for streams in runs:
-        start = min(stream["sent"] for stream in streams)
-        end = max(stream["arrivals"][-1] for stream in streams)
-        throughputs.append(sum(stream["tokens"] for stream in streams) / (end - start))
-        for stream in streams:
-            ttfts.append(stream["arrivals"][0] - stream["sent"])
-            gaps += [b - a for a, b in zip(stream["arrivals"], stream["arrivals"][1:])]
+def summarize(streams: list[dict]) -> dict:
+    """Throughput of one run of concurrent streams, and its latencies (kept whole, pooled over rounds later)."""
+    start = min(stream["sent"] for stream in streams)
+    end = max(stream["arrivals"][-1] for stream in streams)
     return {
-        "throughput": statistics.median(throughputs),
-        "ttft p50": percentile(ttfts, 50),
-        "ttft p95": percentile(ttfts, 95),
-        "itl p50": percentile(gaps, 50),
-        "itl p95": percentile(gaps, 95),
+        "throughput": sum(stream["tokens"] for stream in streams) / (end - start),
+        "ttft": [stream["arrivals"][0] - stream["sent"] for stream in streams],
+        "gaps": [b - a for stream in streams for a, b in zip(stream["arrivals"], stream["arrivals"][1:])],
     }
 
 
-def run_served(folder: str, args) -> dict:
+def measure_folder(folder: str, args) -> list[dict]:
+    """Rounds of: offline batch 1, served 1 client, offline batch 8, served 8 clients, then the other client
+    counts; each served figure sits next to the offline one it is compared with."""
+    model = Path(folder).resolve().name
     server, url = start_server(folder, args)
+    offline = Offline(folder, args)
+    rounds = []
     try:
-        return asyncio.run(sweep(url, Path(folder).resolve().name, args))
+        asyncio.run(concurrent_streams(url, model, 2, 8))  # warm-up
+        for index in range(args.rounds):
+            entry = {"offline": {}, "served": {}}
+            for clients in args.clients:
+                reference = 8 if clients >= 8 else 1
+                if reference not in entry["offline"]:
+                    entry["offline"][reference] = offline.run(reference)
+                entry["served"][clients] = summarize(
+                    asyncio.run(concurrent_streams(url, model, clients, args.new_tokens))
+                )
+            rounds.append(entry)
+            served = {c: round(r["throughput"], 1) for c, r in entry["served"].items()}
+            print(f"{model} round {index + 1}: offline {entry['offline']} served {served}", flush=True)
     finally:
+        offline.close()
         server.terminate()
         server.wait(timeout=30)
+    return rounds
 
 
 # ------------------------------------------------------------------------------------------------ report
 
 
-def report(folders: list[str], rounds: list[dict], args) -> str:
+def report(results: dict[str, list[dict]], args) -> str:
+    rounds = len(next(iter(results.values())))
     lines = [
         "# `vaswani serve`: continuous batching against offline `generate` (CPU)",
         "",
@@ -185,42 +224,41 @@ def report(folders: list[str], rounds: list[dict], args) -> str:
         "",
         f"SmolLM2-135M-Instruct exported with `vaswani export`, {args.threads} intra-op threads, the chat prompt of "
         f"the engine benchmark, {args.new_tokens} greedy tokens per answer (end-of-sequence ignored). Offline: "
-        "`OrtModelForCausalLM.generate`, batch 1 and batch 8 (tokens/s include the prefill). Served: `vaswani serve` "
-        "in its own process, N streaming clients (asyncio + httpx, in the benchmark's process on the same cores) "
-        f"sending at once; throughput is all tokens over first request to last token. {len(rounds)} rounds, "
-        "alternating which system runs first; figures are medians over rounds, ratios are per round then median.",
+        "`OrtModelForCausalLM.generate` at batch 1 and batch 8 (the prompt repeated), in a process of its own "
+        "(tokens/s include the prefill). Served: `vaswani serve` in its own process; N streaming clients (asyncio + "
+        "httpx in the benchmark's process, on the same cores) send at once; throughput is all tokens over first "
+        "request sent to last token received. TTFT: request sent to first content chunk; ITL: gaps between a "
+        "stream's content chunks. "
+        f"{rounds} rounds; in each, offline batch 1 runs right before 1 client and offline batch 8 right before 8 "
+        "clients. Throughputs are medians over rounds, ratios are per round then median, latency percentiles pool "
+        "every stream of every round.",
         "",
-        "**The machine is shared**: 2 cores, with other agents' jobs running, so absolute figures are depressed "
-        "and noisy; compare the ratios, which are measured side by side in each round.",
+        "**The machine is shared**: 2 cores, with other agents' jobs (tests, benchmarks, a vLLM build) running at the "
+        "same time, so absolute figures are depressed and drift within minutes; the ratios compare runs seconds apart.",
         "",
     ]
-    for folder in folders:
-        name = Path(folder).name
-        per_round = [entry[folder] for entry in rounds]
-        offline1 = statistics.median(r["offline"]["batch 1"] for r in per_round)
-        offline8 = statistics.median(r["offline"]["batch 8"] for r in per_round)
+    for folder, per_round in results.items():
+        offline1 = statistics.median(r["offline"][1] for r in per_round)
+        offline8 = statistics.median(r["offline"][8] for r in per_round)
         lines += [
-            f"## {name}",
+            f"## {Path(folder).name}",
             "",
-            f"Offline `generate`: batch 1 **{offline1:.1f}** tok/s, batch 8 **{offline8:.1f}** tok/s.",
+            f"Offline `generate`: batch 1 **{offline1:.1f}** tok/s, batch 8 **{offline8:.1f}** tok/s (medians).",
             "",
-            "| clients | throughput tok/s | x offline b1 | x offline b8 | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | "
+            "| clients | throughput tok/s | x offline (same round) | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | "
             "ITL p95 ms | ITL p95/p50 |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for clients in args.clients:
-            cells = [r["served"][clients] for r in per_round]
-
-            def med(key, cells=cells):
-                return statistics.median(cell[key] for cell in cells)
-
-            ratio1 = statistics.median(r["served"][clients]["throughput"] / r["offline"]["batch 1"] for r in per_round)
-            ratio8 = statistics.median(r["served"][clients]["throughput"] / r["offline"]["batch 8"] for r in per_round)
-            spread = statistics.median(cell["itl p95"] / cell["itl p50"] for cell in cells)
+            reference = 8 if clients >= 8 else 1
+            throughput = statistics.median(r["served"][clients]["throughput"] for r in per_round)
+            ratio = statistics.median(r["served"][clients]["throughput"] / r["offline"][reference] for r in per_round)
+            ttft = [t for r in per_round for t in r["served"][clients]["ttft"]]
+            gaps = [g for r in per_round for g in r["served"][clients]["gaps"]]
+            p50, p95 = percentile(gaps, 50), percentile(gaps, 95)
             lines.append(
-                f"| {clients} | {med('throughput'):.1f} | {ratio1:.2f} | {ratio8:.2f} | {1000 * med('ttft p50'):.0f} | "
-                f"{1000 * med('ttft p95'):.0f} | {1000 * med('itl p50'):.1f} | {1000 * med('itl p95'):.1f} | "
-                f"{spread:.2f} |"
+                f"| {clients} | {throughput:.1f} | {ratio:.2f} x b{reference} | {1000 * percentile(ttft, 50):.0f} | "
+                f"{1000 * percentile(ttft, 95):.0f} | {1000 * p50:.1f} | {1000 * p95:.1f} | {p95 / p50:.2f} |"
             )
         lines.append("")
     return "\n".join(lines) + "\n"
@@ -232,26 +270,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs per figure within a round")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prefill-chunk", type=int, default=32)
     parser.add_argument("--markdown", help="write the table here")
     parser.add_argument("--offline-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.offline_worker:
-        print(json.dumps(offline_worker(args.offline_worker, args.threads, args.new_tokens, args.repeats)))
+        offline_worker(args.offline_worker, args.threads, args.new_tokens)
         return
-    rounds = []
-    for index in range(args.rounds):
-        entry = {}
-        for folder in args.folders:
-            order = ("offline", "served") if index % 2 == 0 else ("served", "offline")
-            entry[folder] = {}
-            for system in order:
-                entry[folder][system] = run_offline(folder, args) if system == "offline" else run_served(folder, args)
-                print(f"round {index + 1} {Path(folder).name} {system}: {entry[folder][system]}", flush=True)
-        rounds.append(entry)
-        text = report(args.folders, rounds, args)
+    results = {}
+    for folder in args.folders:
+        results[folder] = measure_folder(folder, args)
+        text = report(results, args)
         if args.markdown:
             Path(args.markdown).write_text(text)
     print(text)

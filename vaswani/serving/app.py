@@ -12,7 +12,9 @@ Every error is a 4xx (5xx for a failure inside the model) with OpenAI's error bo
 import asyncio
 import base64
 import json
+import threading
 import time
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -157,17 +159,51 @@ def encoder_service(service: Any, name: str, kind: str) -> EncoderService:
     return service
 
 
+class LoopDispatcher:
+    """Hands engine events (from the engine thread) to asyncio queues on one event loop, with one wake-up of the loop
+    per burst of events: a decoding step emits a token for every running sequence at once, and a wake-up per token
+    would cost a write to the loop's self-pipe each."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.pending: list[tuple[asyncio.Queue, Any]] = []
+
+    def put(self, queue: asyncio.Queue, item: Any) -> None:
+        with self.lock:
+            self.pending.append((queue, item))
+            if len(self.pending) > 1:
+                return  # a wake-up is already scheduled
+        self.loop.call_soon_threadsafe(self.drain)
+
+    def drain(self) -> None:
+        with self.lock:
+            pending, self.pending = self.pending, []
+        for queue, item in pending:
+            queue.put_nowait(item)
+
+
+DISPATCHERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopDispatcher]" = weakref.WeakKeyDictionary()
+
+
+def dispatcher() -> LoopDispatcher:
+    loop = asyncio.get_running_loop()
+    if loop not in DISPATCHERS:
+        DISPATCHERS[loop] = LoopDispatcher(loop)
+    return DISPATCHERS[loop]
+
+
 class Answer:
     """The sequences of one request (its `n` choices) and the queue their events arrive on, as (index, event)."""
 
     def __init__(self, service: GenerationService, prompt: list[int], params: list[SamplingParams]):
         self.service, self.prompt = service, prompt
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
+        self.dispatcher = dispatcher()
         self.sequences: list[Sequence] = []
         try:
             for index, choice_params in enumerate(params):
-                emit = self.emitter(loop, index)
+                emit = self.emitter(index)
                 self.sequences.append(service.engine.submit(prompt, choice_params, emit))
         except QueueFull as error:
             self.cancel()
@@ -179,9 +215,9 @@ class Answer:
                 headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
             ) from None
 
-    def emitter(self, loop: asyncio.AbstractEventLoop, index: int):
-        put = self.queue.put_nowait
-        return lambda event: loop.call_soon_threadsafe(put, (index, event))
+    def emitter(self, index: int):
+        put, queue = self.dispatcher.put, self.queue
+        return lambda event: put(queue, (index, event))
 
     def cancel(self, index: int | None = None) -> None:
         for i, sequence in enumerate(self.sequences):
