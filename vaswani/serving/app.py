@@ -12,6 +12,7 @@ Every error is a 4xx (5xx for a failure inside the model) with OpenAI's error bo
 import asyncio
 import base64
 import json
+import os
 import threading
 import time
 import weakref
@@ -70,7 +71,8 @@ def create_app(service: GenerationService | EncoderService) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": service.name, **service.stats()}
+        # The process id tells replicas apart behind a router (Ray Serve).
+        return {"status": "ok", "model": service.name, "pid": os.getpid(), **service.stats()}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
