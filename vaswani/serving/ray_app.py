@@ -17,6 +17,8 @@ In Python (e.g. for `serve run` or a test):
     >>> serve.run(build_ray_app("onnx-folder", replicas=2), route_prefix="/")
 """
 
+import signal
+import time
 from typing import Any
 
 from .app import create_app
@@ -74,11 +76,17 @@ def serve_with_ray(
     serve.start(http_options={"host": host, "port": port})
     serve.run(build_ray_app(folder, replicas, cpus_per_replica, **options), name="vaswani", route_prefix="/")
     print(f"vaswani serve: {replicas} replica(s) of {folder} on http://{host}:{port} (Ctrl-C to stop)", flush=True)
+    # SIGTERM (a process manager, `timeout`) stops the cluster started here as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        import time
-
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
+        pass
+    finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
