@@ -78,6 +78,18 @@ def test_openai_client_chats_with_the_server_streaming_and_not(server, offline, 
         model=MODEL, messages=[{"role": "user", "content": QUESTIONS[1]}], max_tokens=24, temperature=0
     )
     assert reply.choices[0].message.content == expected
+    as_parts = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": QUESTIONS[1][:9]}, {"type": "text", "text": QUESTIONS[1][9:]}],
+        }
+    ]
+    assert (
+        client.chat.completions.create(model=MODEL, messages=as_parts, max_tokens=24, temperature=0)
+        .choices[0]
+        .message.content
+        == expected
+    )
     assert reply.choices[0].finish_reason == ("stop" if tokens[-1] == tokenizer.eos_token_id else "length")
     assert reply.usage.prompt_tokens == len(chat_prompt(tokenizer, QUESTIONS[1]))
     assert reply.usage.completion_tokens == len(tokens)
@@ -315,6 +327,12 @@ BAD_REQUESTS = {
     ),
     "token id outside the vocabulary": ("/v1/completions", {"model": MODEL, "prompt": [10**6]}, 400, "vocabulary"),
     "unknown model": ("/v1/chat/completions", chat_body("Hi") | {"model": "gpt-9"}, 404, "gpt-9"),
+    "image content part": (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        400,
+        "messages.0.content",
+    ),
     "unsupported feature": ("/v1/chat/completions", chat_body("Hi", logprobs=True), 400, "logprobs"),
     "embeddings of a decoder": ("/v1/embeddings", {"model": MODEL, "input": "Hi"}, 400, "embedding"),
     "unknown route": ("/v1/images/generations", {"model": MODEL}, 404, "Not Found"),

@@ -83,7 +83,7 @@ def create_app(service: GenerationService | EncoderService) -> FastAPI:
     async def chat_completions(request: Request):
         body = await parse(request, ChatCompletionRequest)
         generation = generation_service(service, body.model, "chat completions")
-        messages = [message.model_dump(exclude_none=True) for message in body.messages]
+        messages = [message.template_input() for message in body.messages]
         prompt = generation.chat_prompt(messages)
         return await answer(request, generation, "chat", body, prompt, "messages")
 

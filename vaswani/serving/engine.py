@@ -170,9 +170,8 @@ class PrefillGroup:
     def run(self, model: Any, columns: int) -> np.ndarray:
         """Feed the next `columns` columns; returns the logits of the last one (rows, vocab)."""
         start, end = self.filled, min(self.filled + columns, self.ids.shape[1])
-        logits, self.cache = model.run(
-            self.ids[:, start:end], self.mask[:, :end], self.positions[:, start:end], self.cache
-        )
+        chunk = (self.ids[:, start:end], self.mask[:, :end], self.positions[:, start:end])
+        logits, self.cache = model.run(*(np.ascontiguousarray(array) for array in chunk), self.cache)
         self.filled = end
         return logits
 

@@ -107,10 +107,20 @@ class SamplingFields(StrictModel):
         return self
 
 
+class TextPart(StrictModel):
+    type: Literal["text"]
+    text: str
+
+
 class ChatMessage(StrictModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str
+    content: str | list[TextPart] = Field(description="a string, or text parts (other part types are not supported)")
     name: str | None = None
+
+    def template_input(self) -> dict[str, str]:
+        """The message as chat templates take it: the text parts joined into one string."""
+        content = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+        return {"role": self.role, "content": content, **({"name": self.name} if self.name else {})}
 
 
 class ChatCompletionRequest(SamplingFields):
