@@ -186,6 +186,8 @@ def summarize(streams: list[dict]) -> dict:
 def measure_folder(folder: str, args) -> list[dict]:
     """Rounds of: offline batch 1, served 1 client, offline batch 8, served 8 clients, then the other client
     counts; each served figure sits next to the offline one it is compared with."""
+    import httpx
+
     model = Path(folder).resolve().name
     server, url = start_server(folder, args)
     offline = Offline(folder, args)
@@ -204,6 +206,7 @@ def measure_folder(folder: str, args) -> list[dict]:
             rounds.append(entry)
             served = {c: round(r["throughput"], 1) for c, r in entry["served"].items()}
             print(f"{model} round {index + 1}: offline {entry['offline']} served {served}", flush=True)
+        rounds[-1]["engine seconds"] = httpx.get(url + "/health").json()["seconds"]
     finally:
         offline.close()
         server.terminate()
@@ -260,7 +263,17 @@ def report(results: dict[str, list[dict]], args) -> str:
                 f"| {clients} | {throughput:.1f} | {ratio:.2f} x b{reference} | {1000 * percentile(ttft, 50):.0f} | "
                 f"{1000 * percentile(ttft, 95):.0f} | {1000 * p50:.1f} | {1000 * p95:.1f} | {p95 / p50:.2f} |"
             )
-        lines.append("")
+        seconds = per_round[-1]["engine seconds"]
+        graph = seconds["prefill"] + seconds["decode"]
+        lines += [
+            "",
+            f"Engine time over the whole run (from the server's /health): graph calls {graph:.1f} s (prefill "
+            f"{seconds['prefill']:.1f}, decode {seconds['decode']:.1f}); batching work around them: joining prefilled "
+            f"rows {1000 * seconds['join']:.0f} ms, dropping rows {1000 * seconds['leave']:.0f} ms, choosing tokens "
+            f"{1000 * seconds['sampling']:.0f} ms ({100 * (seconds['join'] + seconds['leave']) / graph:.2f}% of the "
+            "graph time for joins and leaves).",
+            "",
+        ]
     return "\n".join(lines) + "\n"
 
 

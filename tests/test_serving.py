@@ -237,7 +237,7 @@ def test_prompts_prefilled_together_get_generates_tokens(offline, tokenizer, chu
     """Prompts of different lengths, left-padded into one prefill group: in one call (nothing running), or fed
     `chunk` tokens at a time between the decoding steps of a sequence that is already running."""
     step_model = RecordingStepModel(offline)
-    engine = Engine(step_model, max_batch=8, prefill_chunk=chunk or 32)
+    engine = Engine(step_model, max_batch=4 if chunk else 8, prefill_chunk=chunk or 32)
     prompts = [chat_prompt(tokenizer, question) for question in QUESTIONS[:5]]
     answers, finished = {i: [] for i in range(len(prompts) + 1)}, threading.Semaphore(0)
 
@@ -267,6 +267,7 @@ def test_prompts_prefilled_together_get_generates_tokens(offline, tokenizer, chu
         assert answers[index] == offline_answer(offline, tokenizer, prompt, 20)[1]
     if chunk:
         assert answers[len(prompts)] == offline_answer(offline, tokenizer, first, 200)[1]
+        assert max(step_model.batches) == 4  # the running sequence and a group of 3; the other 2 waited
     else:
         assert step_model.batches[0] == len(prompts)  # one prefill call for the five
 

@@ -75,7 +75,7 @@ class GenerationService:
             )
         return max_tokens if max_tokens is not None else room
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         return self.engine.stats()
 
     def close(self) -> None:
@@ -129,7 +129,7 @@ class EncoderService:
             results.append({"label": labels.get(best, str(best)), "score": row[best], "scores": scores})
         return results, int(mask.sum())
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         return {}
 
     def close(self) -> None:

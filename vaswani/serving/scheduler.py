@@ -22,9 +22,12 @@ its asyncio loop. ONNX Runtime releases the GIL while a step runs, so the event 
 import itertools
 import logging
 import threading
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -106,6 +109,9 @@ class Engine:
         self.thread: threading.Thread | None = None
         self.stopping = False
         self.steps = 0  # decoding steps so far, for /health and tests
+        # Seconds spent in each part of the loop, for /health and the benchmark: the graph's calls (prefill, decode)
+        # against the batching work around them (join: merging prefilled rows in; leave: dropping rows, trimming).
+        self.seconds = dict.fromkeys(("prefill", "decode", "join", "leave", "sampling"), 0.0)
 
     # -- the API the server calls, from any thread
 
@@ -126,14 +132,12 @@ class Engine:
     @property
     def busy(self) -> int:
         """Sequences holding a slot: running or being prefilled."""
-        return len(self.batch) + (self.prefilling is not None)
+        return len(self.batch) + (len(self.prefilling.rows) if self.prefilling else 0)
 
-    def stats(self) -> dict[str, int]:
-        return {
-            "running": len(self.batch),
-            "prefilling": int(self.prefilling is not None),
-            "waiting": len(self.waiting),
-        }
+    def stats(self) -> dict[str, Any]:
+        prefilling = len(self.prefilling.rows) if self.prefilling else 0
+        seconds = {part: round(value, 4) for part, value in self.seconds.items()}
+        return {"running": len(self.batch), "prefilling": prefilling, "waiting": len(self.waiting), "seconds": seconds}
 
     def start(self) -> "Engine":
         if self.thread is None:
@@ -203,27 +207,43 @@ class Engine:
         """One chunk of the group's prompts (all of them when nothing else runs); after the last chunk, their first
         tokens, and they join the batch."""
         columns = max(1, self.prefill_chunk // len(group.rows)) if self.batch.rows else group.ids.shape[1]
-        logits = group.run(self.model, columns)
+        with self.timed("prefill"):
+            logits = group.run(self.model, columns)
         if not group.done:
             return
         self.prefilling = None
-        self._accept(group.rows, choose_tokens(logits, group.rows))
+        with self.timed("sampling"):
+            tokens = choose_tokens(logits, group.rows)
+        self._accept(group.rows, tokens)
         keep = [i for i, sequence in enumerate(group.rows) if not (sequence.finished or sequence.cancelled)]
-        self.batch.join(*group.keep(keep))
+        with self.timed("join"):
+            self.batch.join(*group.keep(keep))
 
     def _decode_step(self) -> None:
         rows = self.batch.rows
-        keep = [i for i, sequence in enumerate(rows) if not sequence.cancelled]
-        self.batch.keep(keep)
+        with self.timed("leave"):
+            self.batch.keep([i for i, sequence in enumerate(rows) if not sequence.cancelled])
         rows = self.batch.rows
         if not rows:
             return
         tokens = np.array([[sequence.generated[-1]] for sequence in rows], dtype=np.int64)
         positions = np.array([[sequence.position] for sequence in rows], dtype=np.int64)
-        logits = self.batch.step(self.model, tokens, positions)
+        with self.timed("decode"):
+            logits = self.batch.step(self.model, tokens, positions)
         self.steps += 1
-        self._accept(rows, choose_tokens(logits, rows))
-        self.batch.keep([i for i, sequence in enumerate(rows) if not sequence.finished])
+        with self.timed("sampling"):
+            tokens = choose_tokens(logits, rows)
+        self._accept(rows, tokens)
+        with self.timed("leave"):
+            self.batch.keep([i for i, sequence in enumerate(rows) if not sequence.finished])
+
+    @contextmanager
+    def timed(self, part: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[part] += time.perf_counter() - start
 
     def _accept(self, sequences: list[Sequence], tokens: np.ndarray) -> None:
         for sequence, token in zip(sequences, tokens.tolist()):
