@@ -147,9 +147,9 @@ def load_service(
     prefill_chunk: int = 32,
 ) -> GenerationService | EncoderService:
     """Load `folder` for serving: an exported ONNX folder (`backend="onnx"`, on `provider` "cpu" or "cuda") or a
-    PyTorch vaswani folder (`backend="torch"`); `threads` intra-op threads (default: every available core); `name`
+    PyTorch vaswani folder (`backend="torch"`), local or a Hub repository id; `threads` intra-op threads (default: every available core); `name`
     the model id clients send (default: the folder's name). The engine is not started."""
-    folder = Path(folder)
+    folder = resolve_folder(folder)
     if not (folder / "config.json").is_file():
         raise ValueError(f"{folder} is not a model folder (no config.json); pass an exported or saved vaswani folder.")
     name = name or folder.resolve().name
@@ -187,6 +187,18 @@ def load_service(
         engine = Engine(TorchStepModel(model, threads), max_batch, max_waiting, prefill_chunk)
         return GenerationService(name, tokenizer, engine, eos_ids(model.generation_config, tokenizer))
     raise ValueError(f"backend must be 'onnx' or 'torch', got {backend!r}.")
+
+
+def resolve_folder(folder: str | os.PathLike) -> Path:
+    """A local folder as it is; a Hugging Face Hub repository id ("owner/name", not a local path) downloaded into the
+    Hub cache (each Ray replica on another machine does this itself)."""
+    path = Path(folder)
+    text = str(folder)
+    if path.exists() or text.count("/") != 1 or text.startswith((".", "/", "~")):
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(text))
 
 
 def session_options(threads: int | None):
