@@ -118,6 +118,10 @@ def test_completions_route_answers_a_text_prompt_as_generate_does(server, offlin
     assert reply.choices[0].text == expected
     streamed = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0, stream=True)
     assert "".join(chunk.choices[0].text for chunk in streamed) == expected
+    echoed = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0, echo=True)
+    assert echoed.choices[0].text == prompt + expected
+    ids = tokenizer(prompt)["input_ids"]
+    assert client.completions.create(model=MODEL, prompt=ids, max_tokens=16, temperature=0).choices[0].text == expected
 
 
 def test_seeded_sampling_is_reproducible_and_n_gives_distinct_choices(server):
@@ -129,7 +133,13 @@ def test_seeded_sampling_is_reproducible_and_n_gives_distinct_choices(server):
     assert texts == [choice.text for choice in second.choices]
     assert len(set(texts)) > 1  # each choice draws from its own generator (seed, seed + 1, ...)
     assert first.usage.completion_tokens == 3 * 20
+    negative = client.completions.create(**(ask | {"seed": -5, "n": 1}))  # any integer seeds, as in OpenAI's API
+    assert negative.choices[0].text == client.completions.create(**(ask | {"seed": -5, "n": 1})).choices[0].text
     assert {choice.finish_reason for choice in first.choices} == {"length"}
+    streamed = ["", "", ""]
+    for chunk in client.completions.create(**ask, stream=True, extra_body={"ignore_eos": True}):
+        streamed[chunk.choices[0].index] += chunk.choices[0].text
+    assert streamed == texts  # the choices' chunks interleave on one stream, told apart by their index
 
 
 def test_stop_string_ends_the_answer_before_it(server, offline, tokenizer):

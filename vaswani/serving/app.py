@@ -263,11 +263,10 @@ def sampling_params(service: GenerationService, body: Any, max_tokens: int) -> l
 
 
 async def answer(request: Request, service: GenerationService, kind: str, body: Any, prompt: list[int], param: str):
-    check_echo = getattr(body, "echo", False)
     max_tokens = service.check(prompt, body.token_limit, param)
     run = Answer(service, prompt, sampling_params(service, body, max_tokens))
     streams = [TextStream(service.tokenizer, body.stop) for _ in run.sequences]
-    prefix = service.tokenizer.decode(prompt, skip_special_tokens=True) if check_echo else ""
+    prefix = service.tokenizer.decode(prompt, skip_special_tokens=True) if getattr(body, "echo", False) else ""
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         return StreamingResponse(

@@ -73,7 +73,8 @@ class Sequence:
     finished: bool = False
 
     def __post_init__(self) -> None:
-        self.rng = np.random.default_rng(self.params.seed)
+        seed = self.params.seed
+        self.rng = np.random.default_rng(None if seed is None else seed % 2**64)  # any integer, as OpenAI's seed
 
     @property
     def position(self) -> int:
