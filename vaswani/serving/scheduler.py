@@ -4,9 +4,11 @@ A submitted sequence waits in a bounded queue (`QueueFull` past it: the server a
 the running batch, together with the other waiting prompts that fit (`engine.PrefillGroup`, at most
 `max_prefill_tokens` padded tokens), joins the running batch at the next step and leaves it as soon as it finishes or
 its client goes away, without waiting for the others (`engine.RunningBatch`). While sequences are running, the
-prompts are fed in chunks of about `prefill_chunk` tokens, one chunk between two decoding steps, so joining prompts
-delay the running sequences by one chunk's time per step instead of by their whole prefill. With nothing running
-they are prefilled in one call, as offline `generate` prefills a batch.
+prompts are fed in chunks, one chunk between two decoding steps, so that joining prompts delay the running sequences
+by one chunk's time per step instead of by their whole prefill; a chunk holds `prefill_chunk` tokens times the
+number of joining prompts per running sequence (rounded up), so that a burst of new requests is not fed a few tokens
+per step beside one running sequence. With nothing running, the prompts are prefilled in one call, as offline
+`generate` prefills a batch.
 
 Tokens are chosen per row: greedy (argmax, as `generate`'s greedy search) or sampled with the row's temperature and
 top-p from the row's own random generator (its `seed`), so rows never influence each other's tokens.
@@ -90,7 +92,7 @@ class Engine:
         max_batch: sequences decoded together at most; more wait.
         max_waiting: sequences waiting at most; `submit` raises `QueueFull` past it.
         prefill_chunk: prompt tokens (over all prompts of a group) fed between two decoding steps while sequences
-            are running; at least one column of the group.
+            are running, times the group's rows per running sequence (rounded up); at least one column.
         max_prefill_tokens: padded prompt tokens prefilled together at most (a longer prompt is prefilled alone).
     """
 
@@ -207,7 +209,13 @@ class Engine:
     def _prefill(self, group: PrefillGroup) -> None:
         """One chunk of the group's prompts (all of them when nothing else runs); after the last chunk, their first
         tokens, and they join the batch."""
-        columns = max(1, self.prefill_chunk // len(group.rows)) if self.batch.rows else group.ids.shape[1]
+        columns = group.ids.shape[1]
+        if self.batch.rows:
+            # The chunk grows with the number of prompts waiting per running sequence: a burst of new requests
+            # beside one running sequence should not trickle in a few tokens per step, a lone newcomer beside a
+            # full batch should.
+            budget = self.prefill_chunk * -(-len(group.rows) // len(self.batch))
+            columns = max(1, budget // len(group.rows))
         with self.timed("prefill"):
             logits = group.run(self.model, columns)
         if not group.done:
