@@ -242,11 +242,21 @@ def test_a_sequence_joins_the_running_batch_and_leaves_without_waiting(offline, 
     assert tokens["short"] == offline_answer(offline, tokenizer, short_prompt, 10)[1]
 
 
+@pytest.fixture(scope="module")
+def io_bound(folders):
+    """The export with IO binding on the CPU: the engine's cache is then torch tensors, as on CUDA."""
+    return OrtModelForCausalLM.from_pretrained(
+        folders[1], session_options=default_session_options(1), use_io_binding=True
+    )
+
+
 @pytest.mark.parametrize("chunk", [None, 5])
-def test_prompts_prefilled_together_get_generates_tokens(offline, tokenizer, chunk):
+@pytest.mark.parametrize("binding", ["numpy", "io-binding"])
+def test_prompts_prefilled_together_get_generates_tokens(offline, io_bound, tokenizer, chunk, binding):
     """Prompts of different lengths, left-padded into one prefill group: in one call (nothing running), or fed
-    `chunk` tokens at a time between the decoding steps of a sequence that is already running."""
-    step_model = RecordingStepModel(offline)
+    `chunk` tokens at a time between the decoding steps of a sequence that is already running; with the cache in
+    ONNX Runtime's numpy arrays (the CPU's lean loop) or in torch tensors bound by pointer (the CUDA path)."""
+    step_model = RecordingStepModel(offline if binding == "numpy" else io_bound)
     engine = Engine(step_model, max_batch=4 if chunk else 8, prefill_chunk=chunk or 32)
     prompts = [chat_prompt(tokenizer, question) for question in QUESTIONS[:5]]
     answers, finished = {i: [] for i in range(len(prompts) + 1)}, threading.Semaphore(0)
