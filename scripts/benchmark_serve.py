@@ -241,12 +241,15 @@ def report(results: dict[str, list[dict]], args) -> str:
         "",
     ]
     for folder, per_round in results.items():
-        offline1 = statistics.median(r["offline"][1] for r in per_round)
-        offline8 = statistics.median(r["offline"][8] for r in per_round)
+        offline = {
+            batch: statistics.median(r["offline"][batch] for r in per_round) for batch in per_round[0]["offline"]
+        }
         lines += [
             f"## {Path(folder).name}",
             "",
-            f"Offline `generate`: batch 1 **{offline1:.1f}** tok/s, batch 8 **{offline8:.1f}** tok/s (medians).",
+            "Offline `generate`: "
+            + ", ".join(f"batch {batch} **{value:.1f}** tok/s" for batch, value in offline.items())
+            + " (medians).",
             "",
             "| clients | throughput tok/s | x offline (same round) | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | "
             "ITL p95 ms | ITL p95/p50 |",
