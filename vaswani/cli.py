@@ -1,5 +1,6 @@
-"""The `vaswani` command line: `vaswani convert` (checkpoints), `vaswani export` (ONNX) and `vaswani serve` (an
-OpenAI-compatible HTTP server).
+"""The `vaswani` command line: `vaswani convert` (checkpoints), `vaswani export` (ONNX), `vaswani serve` (HTTP).
+
+`vaswani serve` is an OpenAI-compatible server with continuous batching (`vaswani.serving`).
 
 Example:
     $ vaswani convert --from ./llama-folder --to ./vaswani-folder
@@ -138,7 +139,11 @@ def _add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         "--backend torch, a PyTorch vaswani causal LM folder. With --ray, N replicas run behind Ray Serve's router.",
         epilog="exit status: 0 after a clean shutdown; 2 bad input (not a model folder, a task that is not served).",
     )
-    parser.add_argument("folder", metavar="FOLDER", help="the exported (or, with --backend torch, saved) model folder")
+    parser.add_argument(
+        "folder",
+        metavar="FOLDER",
+        help="the exported (or, with --backend torch, saved) model folder, or a Hugging Face Hub repository id",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1; 0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (8000)")
     parser.add_argument("--backend", choices=("onnx", "torch"), default="onnx", help="ONNX Runtime or PyTorch (onnx)")
@@ -148,7 +153,11 @@ def _add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-batch", type=int, default=16, help="sequences decoded together at most (16)")
     parser.add_argument("--max-waiting", type=int, default=64, help="requests queued at most; more get 429 (64)")
     parser.add_argument(
-        "--prefill-chunk", type=int, default=32, help="prompt tokens prefilled between two decoding steps (32)"
+        "--prefill-chunk",
+        type=int,
+        default=32,
+        help="prompt tokens fed between two decoding steps while others run, times the joining prompts per running "
+        "sequence (32)",
     )
     parser.add_argument("--ray", action="store_true", help="run replicas behind Ray Serve (needs ray[serve])")
     parser.add_argument("--replicas", type=int, default=1, help="with --ray: replicas of the app (1)")
