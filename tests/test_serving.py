@@ -168,7 +168,8 @@ def test_stop_string_ends_the_answer_before_it(server, offline, tokenizer):
 
 def test_64_requests_from_8_concurrent_clients_get_generates_answers(server, offline, tokenizer):
     """Every answer equals offline greedy `generate` on its prompt alone: sequences that join, run beside others and
-    leave at different lengths (max_tokens 4 to 60, prompts of 15 to 40 tokens) never change or swap a token."""
+    leave at different lengths (max_tokens 4 to 60, prompts of 15 to 40 tokens), with bad requests rejected in
+    between, never change or swap a token."""
     cases = [(QUESTIONS[i % len(QUESTIONS)], 4 + (7 * i) % 57) for i in range(64)]
     expected = {
         case: offline_answer(offline, tokenizer, chat_prompt(tokenizer, case[0]), case[1])[0] for case in set(cases)
@@ -187,6 +188,11 @@ def test_64_requests_from_8_concurrent_clients_get_generates_answers(server, off
             else:
                 text = response.json()["choices"][0]["message"]["content"]
             answers.append((cases[i], text))
+            if i % 16 == worker:  # bad requests in between: rejected, and no trace in anyone's answer
+                bad = await http.post("/v1/chat/completions", json=chat_body(question, max_tokens=-1, stream=True))
+                assert bad.status_code == 400
+                cut = await http.post("/v1/completions", json={"model": MODEL, "prompt": [7] * CONTEXT})
+                assert cut.status_code == 400
         return answers
 
     async def run_all():
