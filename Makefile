@@ -5,7 +5,7 @@ PYTHON ?= python3
 # The CPU build of PyTorch, installed before the package: a bare `torch` requirement would pull a multi-GB CUDA
 # build. Override to pick another build, e.g. `make setup TORCH=torch==2.14.1`.
 TORCH ?= torch==2.13.0
-EXTRAS ?= onnx,train,dev
+EXTRAS ?= onnx,train,serve,dev
 
 VENV := .venv
 PY := $(VENV)/bin/python

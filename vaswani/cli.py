@@ -1,8 +1,11 @@
-"""The `vaswani` command line: `vaswani convert` (checkpoints) and `vaswani export` (ONNX).
+"""The `vaswani` command line: `vaswani convert` (checkpoints), `vaswani export` (ONNX), `vaswani serve` (HTTP).
+
+`vaswani serve` is an OpenAI-compatible server with continuous batching (`vaswani.serving`).
 
 Example:
     $ vaswani convert --from ./llama-folder --to ./vaswani-folder
     $ vaswani export --model ./vaswani-folder --task text-generation --output ./onnx-folder
+    $ vaswani serve ./onnx-folder --port 8000
 """
 
 import argparse
@@ -127,12 +130,88 @@ def _run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a model folder over HTTP with OpenAI's API (needs pip install 'vaswani[serve]')",
+        description="Serve an exported ONNX folder (text-generation: /v1/chat/completions and /v1/completions with "
+        "continuous batching; feature-extraction: /v1/embeddings; text-classification: /v1/classifications) or, with "
+        "--backend torch, a PyTorch vaswani causal LM folder. With --ray, N replicas run behind Ray Serve's router.",
+        epilog="exit status: 0 after a clean shutdown; 2 bad input (not a model folder, a task that is not served).",
+    )
+    parser.add_argument(
+        "folder",
+        metavar="FOLDER",
+        help="the exported (or, with --backend torch, saved) model folder, or a Hugging Face Hub repository id",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1; 0.0.0.0 for every interface)")
+    parser.add_argument("--port", type=int, default=8000, help="port to bind (8000)")
+    parser.add_argument("--backend", choices=("onnx", "torch"), default="onnx", help="ONNX Runtime or PyTorch (onnx)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs (cpu)")
+    parser.add_argument("--threads", type=int, help="intra-op threads (default: every core this process may use)")
+    parser.add_argument("--model-name", help="the model id clients send (default: the folder's name)")
+    parser.add_argument("--max-batch", type=int, default=16, help="sequences decoded together at most (16)")
+    parser.add_argument("--max-waiting", type=int, default=64, help="requests queued at most; more get 429 (64)")
+    parser.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=32,
+        help="prompt tokens fed between two decoding steps while others run, times the joining prompts per running "
+        "sequence (32)",
+    )
+    parser.add_argument("--ray", action="store_true", help="run replicas behind Ray Serve (needs ray[serve])")
+    parser.add_argument("--replicas", type=int, default=1, help="with --ray: replicas of the app (1)")
+    parser.add_argument("--cpus-per-replica", type=float, default=1.0, help="with --ray: CPUs Ray reserves per replica")
+    parser.add_argument("--ray-address", help="with --ray: the Ray cluster to join (default: start a local one)")
+    parser.set_defaults(run=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    options = dict(
+        backend=args.backend,
+        provider=args.device,
+        threads=args.threads,
+        name=args.model_name,
+        max_batch=args.max_batch,
+        max_waiting=args.max_waiting,
+        prefill_chunk=args.prefill_chunk,
+    )
+    try:
+        if args.ray:
+            from .serving.ray_app import serve_with_ray
+
+            serve_with_ray(
+                args.folder,
+                replicas=args.replicas,
+                cpus_per_replica=args.cpus_per_replica,
+                host=args.host,
+                port=args.port,
+                address=args.ray_address,
+                **options,
+            )
+            return 0
+        import uvicorn
+
+        from .serving import create_app, load_service
+
+        service = load_service(args.folder, **options)
+    except ImportError as error:
+        print(f"error: {error}. Install the server's dependencies: pip install 'vaswani[serve]'", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `vaswani` console script; returns the process exit code."""
     parser = argparse.ArgumentParser(prog="vaswani", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_convert_parser(subparsers)
     _add_export_parser(subparsers)
+    _add_serve_parser(subparsers)
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -1,0 +1,80 @@
+"""Shared pieces of the server tests: tiny chat models exported with a ChatML tokenizer, and a uvicorn server running
+an app on a free loopback port in a thread."""
+
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from conftest import build_model, tiny_decoder_config
+
+from vaswani import VaswaniForCausalLM
+from vaswani.chat import chat_tokenizer
+from vaswani.conversion.onnx import export_onnx
+from vaswani.data import corpus_stories
+
+# Rope, grouped-query attention: the shape of the real chat models. A long context, so that a stream can be cut in
+# the middle (a tiny model decodes a token in about a millisecond).
+CONTEXT = 2048
+
+
+def tiny_chat_tokenizer():
+    return chat_tokenizer(corpus_stories()[:150], vocab_size=300)
+
+
+def tiny_chat_folders(root: Path, tokenizer) -> tuple[Path, Path]:
+    """(PyTorch folder, ONNX export) of a tiny chat model; its end-of-sequence is the tokenizer's `<|im_end|>`."""
+    config = tiny_decoder_config(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=CONTEXT,
+        position_embedding_type="rope",
+        num_key_value_heads=2,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    model = build_model(VaswaniForCausalLM, config, "sdpa")
+    torch_folder, onnx_folder = root / "tiny-chat-pt", root / "tiny-chat"
+    model.save_pretrained(torch_folder)
+    tokenizer.save_pretrained(torch_folder)
+    export_onnx(torch_folder, onnx_folder, task="text-generation", validate=False)
+    return torch_folder, onnx_folder
+
+
+class ServerThread:
+    """uvicorn serving `app` on 127.0.0.1 at a free port, in a daemon thread; `url` is its base address."""
+
+    def __init__(self, app, timeout: float = 30.0):
+        import uvicorn
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@contextmanager
+def serving(app):
+    server = ServerThread(app)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def offline_answer(model, tokenizer, prompt: list[int], max_new_tokens: int) -> tuple[str, list[int]]:
+    """The oracle: `generate`'s greedy answer to `prompt`, as (text, tokens)."""
+    with torch.inference_mode():
+        output = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
+    tokens = output[0, len(prompt) :].tolist()
+    return tokenizer.decode(tokens, skip_special_tokens=True), tokens

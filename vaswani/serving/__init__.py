@@ -1,0 +1,25 @@
+"""`vaswani serve`: an OpenAI-compatible HTTP server with continuous batching (`pip install 'vaswani[serve]'`).
+
+Where things are:
+
+- `protocol.py`: the OpenAI request/response shapes, the checks on requests and the error bodies.
+- `engine.py`: one decoding step over a batch of sequences at different lengths (`OrtStepModel` on the ONNX lean
+  loop's step, `TorchStepModel` on PyTorch) and the running batch's left-padded cache (`RunningBatch`).
+- `scheduler.py`: the engine thread: admission, chunked prefill, one decoding step for every running sequence,
+  per-row sampling, the queue limit.
+- `text.py`: incremental detokenization and stop strings for streams.
+- `models.py`: loading a folder into a service (generation, embeddings, classification).
+- `app.py`: the FastAPI routes and server-sent events.
+- `ray_app.py`: the same app as a Ray Serve deployment with N replicas.
+
+Example:
+    >>> import uvicorn
+    >>> from vaswani.serving import create_app, load_service
+    >>> uvicorn.run(create_app(load_service("exported/decoder")), port=8000)  # doctest: +SKIP
+"""
+
+from .app import create_app
+from .models import EncoderService, GenerationService, load_service
+from .scheduler import Engine, QueueFull, SamplingParams
+
+__all__ = ["Engine", "EncoderService", "GenerationService", "QueueFull", "SamplingParams", "create_app", "load_service"]

@@ -1,0 +1,327 @@
+"""The HTTP side: FastAPI routes in the OpenAI API's shape over a loaded service (`models.load_service`).
+
+Routes: `GET /health`, `GET /v1/models`; for a causal LM `POST /v1/chat/completions` and `POST /v1/completions`
+(streamed as server-sent events with `stream: true`); for an encoder `POST /v1/embeddings` or `POST /v1/classifications`.
+Every error is a 4xx (5xx for a failure inside the model) with OpenAI's error body; a full queue is a 429 with
+`Retry-After`. A client that disconnects has its sequences cancelled: their rows leave the batch at the next step.
+
+    >>> app = create_app(load_service("exported/decoder"))
+    >>> uvicorn.run(app, host="127.0.0.1", port=8000)
+"""
+
+import asyncio
+import base64
+import json
+import os
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .models import EncoderService, GenerationService
+from .protocol import (
+    ChatCompletionRequest,
+    ClassificationRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    OpenAIError,
+    chunk_body,
+    completion_body,
+    error_body,
+    new_id,
+    usage_body,
+    usage_chunk_body,
+)
+from .scheduler import Event, QueueFull, SamplingParams, Sequence
+from .text import TextStream
+
+RETRY_AFTER_SECONDS = 1
+
+
+def create_app(service: GenerationService | EncoderService) -> FastAPI:
+    """The FastAPI app serving `service`; its engine starts with the app and stops with it."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if isinstance(service, GenerationService):
+            service.engine.start()
+        yield
+        service.close()
+
+    app = FastAPI(title=f"vaswani serve: {service.name}", lifespan=lifespan)
+    app.state.service = service
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(request: Request, error: OpenAIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(error.detail), kind), status_code=error.status_code)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        # The process id tells replicas apart behind a router (Ray Serve).
+        return {"status": "ok", "model": service.name, "pid": os.getpid(), **service.stats()}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        entry = {"id": service.name, "object": "model", "created": 0, "owned_by": "vaswani"}
+        return {"object": "list", "data": [entry]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await parse(request, ChatCompletionRequest)
+        generation = generation_service(service, body.model, "chat completions")
+        messages = [message.template_input() for message in body.messages]
+        prompt = generation.chat_prompt(messages)
+        return await answer(request, generation, "chat", body, prompt, "messages")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await parse(request, CompletionRequest)
+        generation = generation_service(service, body.model, "completions")
+        prompt = generation.text_prompt(body.prompt)
+        return await answer(request, generation, "text", body, prompt, "prompt")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> dict[str, Any]:
+        body = await parse(request, EmbeddingRequest)
+        encoder = encoder_service(service, body.model, "embedding")
+        vectors, tokens = await run_in_threadpool(encoder.embed, body.texts)
+        if body.encoding_format == "base64":
+            vectors = [base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode() for vector in vectors]
+        data = [{"object": "embedding", "index": i, "embedding": vector} for i, vector in enumerate(vectors)]
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return {"object": "list", "data": data, "model": service.name, "usage": usage}
+
+    @app.post("/v1/classifications")
+    async def classifications(request: Request) -> dict[str, Any]:
+        body = await parse(request, ClassificationRequest)
+        encoder = encoder_service(service, body.model, "classification")
+        results, tokens = await run_in_threadpool(encoder.classify, body.texts)
+        data = [{"object": "classification", "index": i, **result} for i, result in enumerate(results)]
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return {"object": "list", "data": data, "model": service.name, "usage": usage}
+
+    return app
+
+
+async def parse(request: Request, model: type[BaseModel]) -> Any:
+    """The request body as `model`, or a 400 naming the first problem (malformed JSON, an unknown field, a wrong
+    type or value)."""
+    raw = await request.body()
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as error:
+        problem = error.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"])
+        if problem["type"] == "json_invalid":
+            message = f"The request body is not valid JSON: {problem['msg']}."
+        elif problem["type"] == "extra_forbidden":
+            message = f"Unrecognized request argument supplied: {where}."
+        else:
+            message = f"Invalid value for {where or 'the body'}: {problem['msg']}."
+        raise OpenAIError(message, param=where or None) from None
+
+
+def check_model(service: GenerationService | EncoderService, name: str) -> None:
+    if name != service.name:
+        raise OpenAIError(
+            f"The model {name!r} does not exist; this server serves {service.name!r} (see GET /v1/models).",
+            status=404,
+            param="model",
+            type="not_found_error",
+            code="model_not_found",
+        )
+
+
+def generation_service(service: Any, name: str, route: str) -> GenerationService:
+    check_model(service, name)
+    if not isinstance(service, GenerationService):
+        raise OpenAIError(f"The model {name!r} is an encoder ({service.kind}); it serves no {route}.", status=400)
+    return service
+
+
+def encoder_service(service: Any, name: str, kind: str) -> EncoderService:
+    check_model(service, name)
+    if not isinstance(service, EncoderService) or service.kind != kind:
+        served = "chat/completions" if isinstance(service, GenerationService) else service.kind + "s"
+        raise OpenAIError(f"The model {name!r} serves {served}, not {kind}s.", status=400)
+    return service
+
+
+class LoopDispatcher:
+    """Hands engine events (from the engine thread) to asyncio queues on one event loop, with one wake-up of the loop
+    per burst of events: a decoding step emits a token for every running sequence at once, and a wake-up per token
+    would cost a write to the loop's self-pipe each."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.pending: list[tuple[asyncio.Queue, Any]] = []
+
+    def put(self, queue: asyncio.Queue, item: Any) -> None:
+        with self.lock:
+            self.pending.append((queue, item))
+            if len(self.pending) > 1:
+                return  # a wake-up is already scheduled
+        self.loop.call_soon_threadsafe(self.drain)
+
+    def drain(self) -> None:
+        with self.lock:
+            pending, self.pending = self.pending, []
+        for queue, item in pending:
+            queue.put_nowait(item)
+
+
+DISPATCHERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopDispatcher]" = weakref.WeakKeyDictionary()
+
+
+def dispatcher() -> LoopDispatcher:
+    loop = asyncio.get_running_loop()
+    if loop not in DISPATCHERS:
+        DISPATCHERS[loop] = LoopDispatcher(loop)
+    return DISPATCHERS[loop]
+
+
+class Answer:
+    """The sequences of one request (its `n` choices) and the queue their events arrive on, as (index, event)."""
+
+    def __init__(self, service: GenerationService, prompt: list[int], params: list[SamplingParams]):
+        self.service, self.prompt = service, prompt
+        self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        self.dispatcher = dispatcher()
+        self.sequences: list[Sequence] = []
+        try:
+            for index, choice_params in enumerate(params):
+                emit = self.emitter(index)
+                self.sequences.append(service.engine.submit(prompt, choice_params, emit))
+        except QueueFull as error:
+            self.cancel()
+            raise OpenAIError(
+                f"The server is at capacity: {error} Retry after {RETRY_AFTER_SECONDS} s.",
+                status=429,
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            ) from None
+
+    def emitter(self, index: int):
+        put, queue = self.dispatcher.put, self.queue
+        return lambda event: put(queue, (index, event))
+
+    def cancel(self, index: int | None = None) -> None:
+        for i, sequence in enumerate(self.sequences):
+            if index is None or i == index:
+                self.service.engine.cancel(sequence)
+
+    async def events(self, streams: list[TextStream]) -> AsyncIterator[tuple[int, str, str | None]]:
+        """(choice index, new text, finish reason or None) until every choice finished; a stop string cancels its
+        sequence and finishes the choice with "stop"."""
+        pending = len(self.sequences)
+        while pending:
+            index, event = await self.queue.get()
+            stream = streams[index]
+            if stream.stopped:
+                continue  # tokens the engine made before it saw the cancellation
+            if event.error is not None:
+                raise OpenAIError(f"Generation failed: {event.error}", status=500, type="server_error")
+            delta = stream.add(event.token) if event.token is not None else ""
+            reason = event.finish_reason
+            if stream.stopped:
+                self.cancel(index)
+                reason = "stop"
+            if reason is not None:
+                delta += stream.flush()
+                pending -= 1
+            yield index, delta, reason
+
+
+def sampling_params(service: GenerationService, body: Any, max_tokens: int) -> list[SamplingParams]:
+    return [
+        SamplingParams(
+            max_tokens=max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=None if body.seed is None else body.seed + index,
+            stop_token_ids=service.eos_token_ids,
+            ignore_eos=body.ignore_eos,
+        )
+        for index in range(body.n)
+    ]
+
+
+async def answer(request: Request, service: GenerationService, kind: str, body: Any, prompt: list[int], param: str):
+    max_tokens = service.check(prompt, body.token_limit, param)
+    run = Answer(service, prompt, sampling_params(service, body, max_tokens))
+    streams = [TextStream(service.tokenizer, body.stop) for _ in run.sequences]
+    prefix = service.tokenizer.decode(prompt, skip_special_tokens=True) if getattr(body, "echo", False) else ""
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        return StreamingResponse(
+            stream_events(run, streams, kind, service.name, prefix, include_usage),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    watcher = asyncio.create_task(cancel_on_disconnect(request, run))
+    try:
+        texts, reasons = [prefix] * len(streams), [None] * len(streams)
+        async for index, delta, reason in run.events(streams):
+            texts[index] += delta
+            reasons[index] = reason or reasons[index]
+    finally:
+        watcher.cancel()
+        run.cancel()
+    usage = usage_body(len(prompt), sum(len(stream.tokens) for stream in streams))
+    return completion_body(
+        kind, new_id("chatcmpl" if kind == "chat" else "cmpl"), service.name, list(zip(texts, reasons)), usage
+    )
+
+
+async def cancel_on_disconnect(request: Request, run: Answer) -> None:
+    """Free the sequences of a non-streamed request whose client went away."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.25)
+    run.cancel()
+
+
+async def stream_events(
+    run: Answer, streams: list[TextStream], kind: str, model: str, prefix: str, include_usage: bool
+) -> AsyncIterator[str]:
+    """The server-sent events of a streamed answer. When the client disconnects, Starlette cancels this generator at
+    an await, and `finally` cancels the sequences."""
+    id, created = new_id("chatcmpl" if kind == "chat" else "cmpl"), int(time.time())
+    try:
+        for index in range(len(streams)):
+            if kind == "chat":
+                yield sse(chunk_body(kind, id, created, model, index, "", role=True))
+            elif prefix:
+                yield sse(chunk_body(kind, id, created, model, index, prefix))
+        try:
+            async for index, delta, reason in run.events(streams):
+                if delta or reason is not None:
+                    yield sse(chunk_body(kind, id, created, model, index, delta, reason))
+        except OpenAIError as error:
+            yield sse(error.body())
+            return
+        if include_usage:
+            usage = usage_body(len(run.prompt), sum(len(stream.tokens) for stream in streams))
+            yield sse(usage_chunk_body(kind, id, created, model, usage))
+        yield "data: [DONE]\n\n"
+    finally:
+        run.cancel()
+
+
+def sse(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
