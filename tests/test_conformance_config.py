@@ -21,6 +21,7 @@ from vaswani import (
     VaswaniForCausalLM,
     VaswaniForConditionalGeneration,
     VaswaniSeq2SeqConfig,
+    VaswaniSeq2SeqModel,
 )
 
 HEAD_COUNTS = {"same_heads": None, "fewer_decoder_heads": 2}
@@ -158,6 +159,25 @@ def test_folders_saved_with_default_rope_parameters_still_load(tmp_path):
         ids = random_ids(1, 6)
         with torch.no_grad():
             assert (loaded(ids).logits - model(ids).logits).abs().max().item() <= 1e-5
+
+
+def test_rope_scaling_in_an_encoder_decoder_config_reaches_both_stacks():
+    """transformers' own rope-scaling test cannot check this for a flat encoder-decoder config: its
+    `get_text_config(decoder=True)` is a copy there (as for BART and T5), so the test's settings never reach the model
+    (see docs/results/upstream_common_tests.md). Check it here: under linear factor 2, each stack rotates position 2k
+    exactly as the unscaled model rotates k."""
+    base = build_model(VaswaniSeq2SeqModel, tiny_seq2seq_config(position_embedding_type="rope"))
+    scaled_config = copy.deepcopy(base.config)
+    scaled_config.rope_parameters = dict(LINEAR_SCALING)
+    scaled = build_model(VaswaniSeq2SeqModel, scaled_config)
+    positions, hidden = torch.arange(6).unsqueeze(0), torch.zeros(1, 6, base.config.hidden_size)
+    for side in ("encoder", "decoder"):
+        expected = getattr(base, side).positions.rotary(hidden, positions)
+        actual = getattr(scaled, side).positions.rotary(hidden, 2 * positions)
+        unscaled_at_double = getattr(base, side).positions.rotary(hidden, 2 * positions)
+        for actual_part, expected_part, unscaled_part in zip(actual, expected, unscaled_at_double):
+            torch.testing.assert_close(actual_part, expected_part)
+            assert (unscaled_part - expected_part).abs().max().item() > 1e-3, "positions must matter for the check"
 
 
 def test_linear_rope_scaling_on_a_rotary_model_divides_positions_by_the_factor():
