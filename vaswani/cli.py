@@ -76,6 +76,13 @@ def _add_export_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--block-size", type=int, help="weights per quantization block (default 32)")
     parser.add_argument(
+        "--int4-method",
+        choices=("search", "gptq", "rtn"),
+        help="how int4 weights are chosen, all in the same layout and speed: search (default: each block's scale and "
+        "zero point fitted to the layer's output on the package's calibration text), gptq, or rtn (round to nearest, "
+        "no calibration)",
+    )
+    parser.add_argument(
         "--accuracy-level",
         type=int,
         choices=(0, 1, 4),
@@ -111,6 +118,7 @@ def _run_export(args: argparse.Namespace) -> int:
             quantize=args.quantize,
             block_size=args.block_size,
             accuracy_level=args.accuracy_level,
+            int4_method=args.int4_method,
             overwrite=args.overwrite,
             tolerance=args.tolerance,
             opset=args.opset,

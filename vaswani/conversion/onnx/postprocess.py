@@ -1,6 +1,7 @@
 """Graph post-processing, in place on a saved graph: ONNX Runtime's offline optimizations (`optimize_graph`) and
-weight-only block-wise quantization (`quantize_graph`, 8 or 4 bits). A new quantization format is an entry in
-`QUANTIZATIONS` (a new kind of graph rewrite, a function here beside `quantize_graph`).
+weight-only block-wise quantization (`quantize_graph`, 8 or 4 bits; 4-bit weights rounded to nearest or calibrated,
+`INT4_METHODS`). A new quantization format is an entry in `QUANTIZATIONS` (a new kind of graph rewrite, a function here
+beside `quantize_graph`).
 """
 
 import logging
@@ -11,6 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from .calibration import calibrated_node_quantizer
 from .contract import save_graph
 from .session import PROVIDERS
 
@@ -27,6 +29,8 @@ class WeightQuantization:
         head_bits: bits of the LM/task head, whose errors reach the logits undamped.
         block_size: input rows per block, each with its own scale (and zero point).
         accuracy_level: `MatMulNBits`' compute type: 0/1 float32, 4 int8 activations per block (fastest on CPUs).
+        method: how 4-bit integers are chosen (`INT4_METHODS`); every method stores the same `MatMulNBits` layout,
+            so size and speed do not depend on it.
     """
 
     name: str
@@ -35,6 +39,12 @@ class WeightQuantization:
     head_bits: int = 8
     block_size: int = 32
     accuracy_level: int = 4
+    method: str = "rtn"
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether quantization needs the inputs' second moments on calibration text (`calibration.calibrate`)."""
+        return self.method != "rtn"
 
     def algorithm_config(self, bits: int):
         _import_quantizer()
@@ -63,19 +73,35 @@ QUANTIZATIONS = {
 }
 BLOCK_SIZES = (16, 32, 64, 128)
 ACCURACY_LEVELS = (0, 1, 4)
+# How the 4-bit integers, scales and zero points of each block are chosen (`calibration.py`); all store the same
+# MatMulNBits layout. Perplexity on SmolLM2-135M-Instruct: docs/results/int4_quality.md.
+INT4_METHODS = {
+    "rtn": "round to nearest from each block's range (ONNX Runtime's quantizer; no calibration)",
+    "search": "each block's scale and zero point chosen for the smallest error of its layer's output on calibration text",
+    "gptq": "GPTQ: rounding errors spread over the rows not yet quantized, weighted by calibration text",
+}
+DEFAULT_INT4_METHOD = "search"
 
 
-def quantization_format(quantize: str, block_size: int | None = None, accuracy_level: int | None = None):
+def quantization_format(
+    quantize: str, block_size: int | None = None, accuracy_level: int | None = None, method: str | None = None
+):
     """The `WeightQuantization` of a `quantize=` argument with its options, or a ValueError naming the choices."""
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize={quantize!r} is not supported; use one of {sorted(QUANTIZATIONS)} or None.")
+    if method is not None and method not in INT4_METHODS:
+        raise ValueError(f"int4_method={method!r} is not supported; use one of {sorted(INT4_METHODS)}.")
+    if method is not None and quantize != "int4":
+        raise ValueError(f"int4_method applies to quantize='int4' only (int8 rounds to nearest), not {quantize!r}.")
+    if quantize == "int4":
+        method = method or DEFAULT_INT4_METHOD
     if block_size is not None and block_size not in BLOCK_SIZES:
         raise ValueError(f"quantization block_size={block_size} is not supported; use one of {BLOCK_SIZES}.")
     if accuracy_level is not None and accuracy_level not in ACCURACY_LEVELS:
         raise ValueError(
             f"accuracy_level={accuracy_level} is not supported; use 0 or 1 (float32 compute) or 4 (int8 compute)."
         )
-    overrides = {"block_size": block_size, "accuracy_level": accuracy_level}
+    overrides = {"block_size": block_size, "accuracy_level": accuracy_level, "method": method}
     return replace(QUANTIZATIONS[quantize], **{key: value for key, value in overrides.items() if value is not None})
 
 
@@ -177,7 +203,7 @@ def fuse_skip_norms(model: onnx.ModelProto, shapes: dict[str, list]) -> int:
 OPTIMIZATION_LEVEL = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
 
 
-def quantize_graph(path: Path, quantization: WeightQuantization) -> int:
+def quantize_graph(path: Path, quantization: WeightQuantization, hessians: dict[str, np.ndarray] | None = None) -> int:
     """Weight-only block-wise quantization of every weight MatMul, in place; returns how many were quantized.
 
     Each weight matrix is cut into blocks of `block_size` input rows, each block stored in `bits` bits with its own
@@ -186,7 +212,13 @@ def quantize_graph(path: Path, quantization: WeightQuantization) -> int:
     (perplexity 21.7 -> 10 million on a 30-layer 135M LLaMA-family chat model), while block-wise weight-only 8 bits
     kept it within 1%. A tied LM head exports as MatMul(x, Transpose(embedding)): the transpose is folded into its own
     initializer first, so that the head, the largest matmul of a small model, is quantized too (in `head_bits`).
+
+    A calibrated `quantization.method` takes `hessians`, the second moments of each MatMul's input on calibration text
+    (`calibration.calibrate`, keyed by the input's name), and chooses the 4-bit weights with them; the nodes, their
+    layout and so the speed are the same as round to nearest's.
     """
+    if quantization.calibrated and hessians is None:
+        raise ValueError(f"int4 method {quantization.method!r} needs calibration statistics (calibration.calibrate).")
     MatMulNBitsQuantizer = _import_quantizer()
     model = onnx.load(str(path), load_external_data=True)
     shapes = value_shapes(model)
@@ -198,6 +230,8 @@ def quantize_graph(path: Path, quantization: WeightQuantization) -> int:
         passes.append((quantization.head_bits, {"nodes_to_include": [head]}))
     for bits, nodes in passes:
         quantizer = MatMulNBitsQuantizer(model, algo_config=quantization.algorithm_config(bits), **nodes)
+        if quantization.calibrated:
+            quantizer.node_quantizer = calibrated_node_quantizer(quantizer.algo_config, hessians, quantization.method)
         quantizer.process()
         model = quantizer.model.model
     quantized = [node for node in model.graph.node if node.op_type == "MatMulNBits"]
