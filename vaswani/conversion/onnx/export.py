@@ -33,7 +33,6 @@ import torch
 from transformers import GenerationConfig, PreTrainedConfig, PreTrainedModel
 
 from ...folders import check_output_folder, staged_folder
-from .calibration import calibrate, calibration_windows
 from .contract import (
     DTYPES,
     PAST_PLUS_SEQUENCE,
@@ -47,6 +46,7 @@ from .contract import (
     write_manifest,
 )
 from .formulations import LLM_OPSET, exporting_formulations, fuse_sibling_matmuls
+from .int4 import calibrate, calibration_windows
 from .postprocess import optimize_graph, quantization_format, quantize_graph
 from .tasks import GENERATION_TASKS, cast_model, family_of, infer_task, load_for_task, task_model
 from .validation import ValidationReport, validate_onnx_export
@@ -191,6 +191,7 @@ def export_onnx(
     block_size: int | None = None,
     accuracy_level: int | None = None,
     int4_method: str | None = None,
+    int4_mlp_out_bits: int | None = None,
     calibration_text: str | None = None,
     overwrite: bool = False,
     validate: bool = True,
@@ -213,11 +214,13 @@ def export_onnx(
         block_size: weights per quantization block (default 32; 16, 32, 64 or 128).
         accuracy_level: MatMulNBits' compute type: 4 (default) int8 activations per block, fastest on CPUs; 0 or 1
             float32 compute.
-        int4_method: how int4 weights are chosen (`INT4_METHODS`): "search" (default) picks each block's scale and
-            zero point for the smallest error on each layer's output over calibration text, "gptq" also spreads
-            rounding errors over the rows not yet quantized, "rtn" rounds to nearest (no calibration). The same
-            MatMulNBits layout in every case: size and speed do not change.
-        calibration_text: the text calibrated methods run the float32 graphs on (default: the package's own corpus,
+        int4_method: how int4 weights are chosen (`INT4_METHODS`): "search" (default) searches each block's scale and
+            zero point for the smallest squared error, "rtn" rounds to nearest from each block's range (ONNX
+            Runtime's quantizer), "gptq" spreads rounding errors by calibration text. The same MatMulNBits layout in
+            every case: size and speed do not change (docs/results/int4_quality.md).
+        int4_mlp_out_bits: 8 keeps the MLP output projections (down_proj, fc2) of an int4 export in 8 bits, like the
+            head: the most sensitive 4-bit matrices, for some size and speed (docs/results/int4_quality.md).
+        calibration_text: the text "gptq" runs the float32 graphs on (default: the package's own corpus,
             `vaswani.data.corpus_text()`, of which the first `CALIBRATION_TOKENS` tokens are used); tokenized with
             the tokenizer copied beside the model, which calibration needs.
         overwrite: replace a non-empty `output_dir` (only after the new export succeeded).
@@ -242,15 +245,16 @@ def export_onnx(
         raise ValueError(f"device={device!r} is not supported; use 'cpu' or 'cuda'.")
     quantization = None
     if quantize is not None:
-        quantization = quantization_format(quantize, block_size, accuracy_level, int4_method)
+        quantization = quantization_format(quantize, block_size, accuracy_level, int4_method, int4_mlp_out_bits)
         if dtype != "fp32" or device != "cpu":
             raise ValueError(
                 f"{quantize} weight-only quantization targets the CPU from an fp32 graph: use dtype='fp32', "
                 f"device='cpu'."
             )
-    elif block_size is not None or accuracy_level is not None or int4_method is not None:
+    elif any(option is not None for option in (block_size, accuracy_level, int4_method, int4_mlp_out_bits)):
         raise ValueError(
-            "block_size, accuracy_level and int4_method apply to quantized exports: pass quantize='int8' or 'int4'."
+            "block_size, accuracy_level and the int4 options apply to quantized exports: pass quantize='int8' or "
+            "'int4'."
         )
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' needs a CUDA build of torch and a GPU; export on 'cpu' instead.")

@@ -1,7 +1,7 @@
 """Graph post-processing, in place on a saved graph: ONNX Runtime's offline optimizations (`optimize_graph`) and
-weight-only block-wise quantization (`quantize_graph`, 8 or 4 bits; 4-bit weights rounded to nearest or calibrated,
-`INT4_METHODS`). A new quantization format is an entry in `QUANTIZATIONS` (a new kind of graph rewrite, a function here
-beside `quantize_graph`).
+weight-only block-wise quantization (`quantize_graph`, 8 or 4 bits; how 4-bit weights are chosen: `INT4_METHODS`).
+A new quantization format is an entry in `QUANTIZATIONS` (a new kind of graph rewrite, a function here beside
+`quantize_graph`).
 """
 
 import logging
@@ -12,8 +12,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from .calibration import calibrated_node_quantizer
 from .contract import save_graph
+from .int4 import int4_node_quantizer
 from .session import PROVIDERS
 
 
@@ -29,6 +29,8 @@ class WeightQuantization:
         head_bits: bits of the LM/task head, whose errors reach the logits undamped.
         block_size: input rows per block, each with its own scale (and zero point).
         accuracy_level: `MatMulNBits`' compute type: 0/1 float32, 4 int8 activations per block (fastest on CPUs).
+        narrowing_bits: bits of the MLP output projections (`narrowing_matmuls`), in a 4-bit format: 8 keeps them
+            in the head's 8 bits, the most sensitive matrices of a 4-bit model, at a cost in size and speed.
         method: how 4-bit integers are chosen (`INT4_METHODS`); every method stores the same `MatMulNBits` layout,
             so size and speed do not depend on it.
     """
@@ -40,11 +42,12 @@ class WeightQuantization:
     block_size: int = 32
     accuracy_level: int = 4
     method: str = "rtn"
+    narrowing_bits: int | None = None
 
     @property
     def calibrated(self) -> bool:
-        """Whether quantization needs the inputs' second moments on calibration text (`calibration.calibrate`)."""
-        return self.method != "rtn"
+        """Whether quantization needs the inputs' second moments on calibration text (`int4.calibrate`)."""
+        return self.method == "gptq"
 
     def algorithm_config(self, bits: int):
         _import_quantizer()
@@ -73,18 +76,22 @@ QUANTIZATIONS = {
 }
 BLOCK_SIZES = (16, 32, 64, 128)
 ACCURACY_LEVELS = (0, 1, 4)
-# How the 4-bit integers, scales and zero points of each block are chosen (`calibration.py`); all store the same
+# How the 4-bit integers, scales and zero points of each block are chosen (`int4.py`); all store the same
 # MatMulNBits layout. Perplexity on SmolLM2-135M-Instruct: docs/results/int4_quality.md.
 INT4_METHODS = {
-    "rtn": "round to nearest from each block's range (ONNX Runtime's quantizer; no calibration)",
-    "search": "each block's scale and zero point chosen for the smallest error of its layer's output on calibration text",
+    "rtn": "round to nearest from each block's range (ONNX Runtime's quantizer)",
+    "search": "each block's scale and zero point searched for the smallest squared error (no data)",
     "gptq": "GPTQ: rounding errors spread over the rows not yet quantized, weighted by calibration text",
 }
 DEFAULT_INT4_METHOD = "search"
 
 
 def quantization_format(
-    quantize: str, block_size: int | None = None, accuracy_level: int | None = None, method: str | None = None
+    quantize: str,
+    block_size: int | None = None,
+    accuracy_level: int | None = None,
+    method: str | None = None,
+    mlp_out_bits: int | None = None,
 ):
     """The `WeightQuantization` of a `quantize=` argument with its options, or a ValueError naming the choices."""
     if quantize not in QUANTIZATIONS:
@@ -93,6 +100,8 @@ def quantization_format(
         raise ValueError(f"int4_method={method!r} is not supported; use one of {sorted(INT4_METHODS)}.")
     if method is not None and quantize != "int4":
         raise ValueError(f"int4_method applies to quantize='int4' only (int8 rounds to nearest), not {quantize!r}.")
+    if mlp_out_bits is not None and (quantize != "int4" or mlp_out_bits not in (4, 8)):
+        raise ValueError(f"int4_mlp_out_bits={mlp_out_bits} needs quantize='int4' and is 4 or 8.")
     if quantize == "int4":
         method = method or DEFAULT_INT4_METHOD
     if block_size is not None and block_size not in BLOCK_SIZES:
@@ -101,7 +110,12 @@ def quantization_format(
         raise ValueError(
             f"accuracy_level={accuracy_level} is not supported; use 0 or 1 (float32 compute) or 4 (int8 compute)."
         )
-    overrides = {"block_size": block_size, "accuracy_level": accuracy_level, "method": method}
+    overrides = {
+        "block_size": block_size,
+        "accuracy_level": accuracy_level,
+        "method": method,
+        "narrowing_bits": mlp_out_bits,
+    }
     return replace(QUANTIZATIONS[quantize], **{key: value for key, value in overrides.items() if value is not None})
 
 
@@ -213,25 +227,28 @@ def quantize_graph(path: Path, quantization: WeightQuantization, hessians: dict[
     kept it within 1%. A tied LM head exports as MatMul(x, Transpose(embedding)): the transpose is folded into its own
     initializer first, so that the head, the largest matmul of a small model, is quantized too (in `head_bits`).
 
-    A calibrated `quantization.method` takes `hessians`, the second moments of each MatMul's input on calibration text
-    (`calibration.calibrate`, keyed by the input's name), and chooses the 4-bit weights with them; the nodes, their
-    layout and so the speed are the same as round to nearest's.
+    `quantization.method` chooses the 4-bit integers (`int4.py`); the nodes, their layout and so the speed are round to
+    nearest's. The calibrated one (`gptq`) takes `hessians`, the second moments of each MatMul's input on calibration
+    text (`int4.calibrate`, keyed by the input's name).
     """
     if quantization.calibrated and hessians is None:
-        raise ValueError(f"int4 method {quantization.method!r} needs calibration statistics (calibration.calibrate).")
+        raise ValueError(f"int4 method {quantization.method!r} needs calibration statistics (int4.calibrate).")
     MatMulNBitsQuantizer = _import_quantizer()
     model = onnx.load(str(path), load_external_data=True)
     shapes = value_shapes(model)
     fold_initializer_transposes(model)
     head = output_projection(model)
-    separate_head = head is not None and quantization.head_bits != quantization.bits
-    passes = [(quantization.bits, {"nodes_to_exclude": [head] if separate_head else []})]
-    if separate_head:
-        passes.append((quantization.head_bits, {"nodes_to_include": [head]}))
+    wide = [head] if head is not None and quantization.head_bits != quantization.bits else []
+    if quantization.narrowing_bits not in (None, quantization.bits):
+        wide += narrowing_matmuls(model)
+    # One pass per width, the wide ones (head, narrowing matmuls) together in `head_bits`.
+    passes = [(quantization.bits, {"nodes_to_exclude": wide})]
+    if wide:
+        passes.append((quantization.head_bits, {"nodes_to_include": wide}))
     for bits, nodes in passes:
         quantizer = MatMulNBitsQuantizer(model, algo_config=quantization.algorithm_config(bits), **nodes)
-        if quantization.calibrated:
-            quantizer.node_quantizer = calibrated_node_quantizer(quantizer.algo_config, hessians, quantization.method)
+        if quantization.method != "rtn":
+            quantizer.node_quantizer = int4_node_quantizer(quantizer.algo_config, quantization.method, hessians)
         quantizer.process()
         model = quantizer.model.model
     quantized = [node for node in model.graph.node if node.op_type == "MatMulNBits"]
@@ -244,6 +261,19 @@ def quantize_graph(path: Path, quantization: WeightQuantization, hessians: dict[
         stale.unlink(missing_ok=True)
     save_graph(model, path)
     return len(quantized)
+
+
+def narrowing_matmuls(model: onnx.ModelProto) -> list[str]:
+    """The weight MatMuls with more input rows than output columns: the MLP's output projections (down_proj, fc2),
+    whose inputs are the widest and most outlier-prone activations of a block."""
+    shapes = {tensor.name: list(tensor.dims) for tensor in model.graph.initializer}
+    return [
+        node.name
+        for node in model.graph.node
+        if node.op_type == "MatMul"
+        and len(shapes.get(node.input[1], [])) == 2
+        and shapes[node.input[1]][0] > shapes[node.input[1]][1]
+    ]
 
 
 def _wiring(graph: onnx.GraphProto) -> tuple[dict[str, onnx.NodeProto], dict[str, int], set[str]]:

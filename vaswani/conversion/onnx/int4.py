@@ -1,24 +1,21 @@
-"""Calibrated 4-bit weights for `MatMulNBits`: the same graph, node types, block size and kernel as round to nearest
-(RTN), so the same size and speed, with each block's integers, scale and zero point chosen to keep each layer's
-output, not each weight, close to float32.
+"""How the 4-bit weights of an int4 export are chosen (`INT4_METHODS` in postprocess.py). Every method stores the
+same `MatMulNBits` nodes as ONNX Runtime's round to nearest (RTN): 4-bit integers, one float scale and one 4-bit zero
+point per block of `block_size` input rows and output column, so size and decode speed do not depend on the method.
 
-A layer computes x @ W; a rounding error E on W changes its output by x @ E, whose size over text is the quadratic
-form of E with H = sum of x x^T, the second moments of the layer's input on calibration tokens. RTN ignores H: on a
-checkpoint whose weights already sit on a 4-bit grid with a float offset per block (SmolLM2-135M-Instruct, shipped as
-Q4_1), its integer zero point shifts every weight of a block by the same amount, errors that add up in the product.
-
-- `search`: per block and output column, the scale and zero point among RTN's and a few around it (`SCALE_FACTORS`,
-  `ZERO_SHIFTS`) whose error is smallest in the block's own H; then round to nearest on that grid. It only picks
-  among grids, so it cannot fit the calibration text's peculiarities.
-- `gptq` (Frantar et al., 2022): rows are quantized in order and each row's error is spread over the rows not yet
-  quantized, with all of H. Its error on the calibration text is far smaller, but on other text it can be larger
-  than RTN's when the calibration text is narrow (docs/results/int4_quality.md).
+- `rtn`: ONNX Runtime's quantizer: each block's scale and zero point from its range (min and max, 0 included).
+- `search` (the default): per block and column, the scale and zero point among RTN's and a few around it
+  (`SCALE_FACTORS` x `ZERO_SHIFTS`) whose rounding leaves the smallest squared error, then round to nearest on that
+  grid. A block's range is set by its two extreme weights; a slightly narrower or wider grid, or the zero point one
+  step over, often fits the other 30 better. No data, a few seconds per model.
+- `gptq` (Frantar et al., 2022), calibrated: rows are quantized in order and each row's rounding error is spread
+  over the rows not yet quantized, weighted by H = sum of x x^T, the second moments of the layer's input x on
+  calibration text (`calibrate`: the float32 graphs run on the package's corpus, `vaswani/data/corpus.txt`, tokenized
+  with the export's tokenizer; nothing downloads). It fits the calibration text closely, and generalizes to other
+  text only as far as that text resembles it: on SmolLM2-135M-Instruct, calibrated on the corpus's children's
+  stories, it loses to RTN on technical prose (docs/results/int4_quality.md).
 
     hessians = calibrate({"model": folder / "model.onnx"}, calibration_windows(folder))
-    quantize_graph(folder / "model.onnx", replace(format, method="search"), hessians["model"])
-
-The calibration text is the package's own corpus (`vaswani/data/corpus.txt`; nothing downloads), tokenized with the
-export's tokenizer; `calibration_windows(folder, text)` takes another one.
+    quantize_graph(folder / "model.onnx", replace(format, method="gptq"), hessians["model"])
 """
 
 import tempfile
@@ -188,18 +185,20 @@ def gptq(weight: np.ndarray, hessian: np.ndarray, block_size: int, bits: int = 4
     return integers.numpy(), scales.numpy().astype(np.float32), zeros.numpy().astype(np.uint8)
 
 
-# Scales tried per block, as multiples of RTN's (1: RTN's own), each with the zero points around RTN's.
-SCALE_FACTORS = (0.8, 0.85, 0.9, 0.94, 0.97, 1.0, 1.03, 1.05, 1.0714, 1.1, 1.15, 1.2)
+# Scales tried per block, as multiples of RTN's (1: RTN's own; 15/14: 14 steps over the range), each with the zero
+# points around RTN's.
+# fmt: off
+SCALE_FACTORS = (
+    0.7, 0.75, 0.8, 0.84, 0.87, 0.9, 0.92, 0.94, 0.96, 0.98, 1.0, 1.02, 1.04, 1.06, 15 / 14, 1.09, 1.12, 1.15, 1.2, 1.25,
+)
+# fmt: on
 ZERO_SHIFTS = (-1, 0, 1)
 
 
-def search_grid(block: torch.Tensor, hessian: torch.Tensor, bits: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per column of a block of rows [rows, N], the scale and integer zero point (RTN's, or one of `SCALE_FACTORS` x
-    `ZERO_SHIFTS` around it) whose rounding error e minimizes e^T H e, H [rows, rows] being the block's second
-    moments: the error the block adds to the layer's output on calibration text, not the weights' own error. Errors
-    of one sign across a block add up in the product (RTN's integer zero point shifts a whole block by the same
-    amount when the weights sit on a 4-bit grid with a float offset, as in a checkpoint that was once Q4_1); this
-    objective sees that, a per-weight one does not."""
+def search_grid(block: torch.Tensor, bits: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per column of a block of rows [rows, N], the scale and integer zero point, RTN's or one of `SCALE_FACTORS` x
+    `ZERO_SHIFTS` around it, whose round to nearest leaves the smallest sum of squared errors. RTN's own grid is a
+    candidate, so no block's error exceeds RTN's."""
     levels = 2**bits - 1
     scale_rtn, zero_rtn = rtn_grid(block, bits)
     low = block.min(dim=0).values.clamp(max=0)
@@ -211,7 +210,7 @@ def search_grid(block: torch.Tensor, hessian: torch.Tensor, bits: int = 4) -> tu
         for shift in ZERO_SHIFTS:
             zero = (center + shift).clamp(0, levels)
             error = block - (torch.clamp(torch.round(block / scale + zero), 0, levels) - zero) * scale
-            loss = ((hessian @ error) * error).sum(dim=0)
+            loss = error.square().sum(dim=0)
             better = loss < best_loss
             best_loss = torch.where(better, loss, best_loss)
             best_scale = torch.where(better, scale, best_scale)
@@ -219,17 +218,16 @@ def search_grid(block: torch.Tensor, hessian: torch.Tensor, bits: int = 4) -> tu
     return best_scale, best_zero
 
 
-def search_quantize(weight: np.ndarray, hessian: np.ndarray, block_size: int, bits: int = 4) -> tuple[np.ndarray, ...]:
+def search_quantize(weight: np.ndarray, block_size: int, bits: int = 4) -> tuple[np.ndarray, ...]:
     """Round to nearest on each block's `search_grid` grid. Returns the integers [K, N], scales and zero points
     [K / block_size, N], as `gptq`."""
     levels = 2**bits - 1
     w = torch.tensor(weight, dtype=torch.float32)
-    h = torch.tensor(hessian, dtype=torch.float32)
     integers, scales, zeros = [], [], []
     for start in range(0, weight.shape[0], block_size):
-        rows = slice(start, start + block_size)
-        scale, zero = search_grid(w[rows], h[rows, rows], bits)
-        integers.append(torch.clamp(torch.round(w[rows] / scale + zero), 0, levels))
+        block = w[start : start + block_size]
+        scale, zero = search_grid(block, bits)
+        integers.append(torch.clamp(torch.round(block / scale + zero), 0, levels))
         scales.append(scale)
         zeros.append(zero)
     return (
@@ -263,14 +261,14 @@ def unpack_matmul_nbits(packed: np.ndarray, scales: np.ndarray, packed_zeros: np
     return weight.reshape(columns, -1)[:, :rows].T
 
 
-def calibrated_node_quantizer(config, hessians: dict[str, np.ndarray], method: str):
+def int4_node_quantizer(config, method: str, hessians: dict[str, np.ndarray] | None = None):
     """ONNX Runtime's weight-only node quantizer (`DefaultWeightOnlyQuantizer`, which builds the `MatMulNBits` nodes)
-    with `method`'s integers, scales and zero points (`ALGORITHMS`) in place of its round to nearest for each 4-bit
-    weight whose input has second moments in `hessians`; anything else (8 bits, inputs not calibrated, K not a
-    multiple of the block) keeps RTN."""
+    with `method`'s integers, scales and zero points in place of its round to nearest for each 4-bit weight (for
+    `gptq`: each whose input has second moments in `hessians`); 8-bit weights and K not a multiple of the block keep
+    RTN."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantizer
 
-    class CalibratedQuantizer(DefaultWeightOnlyQuantizer):
+    class Int4Quantizer(DefaultWeightOnlyQuantizer):
         activation: str | None = None
 
         def quantize_matmul(self, node, graph_stack):
@@ -278,22 +276,21 @@ def calibrated_node_quantizer(config, hessians: dict[str, np.ndarray], method: s
             return super().quantize_matmul(node, graph_stack)
 
         def qbits_block_quant(self, fp32weight):
-            hessian = hessians.get(self.activation)
             block_size = self.config.block_size
-            if self.config.bits != 4 or hessian is None or fp32weight.shape[0] % block_size:
+            hessian = (hessians or {}).get(self.activation)
+            if self.config.bits != 4 or fp32weight.shape[0] % block_size or (method == "gptq" and hessian is None):
                 return super().qbits_block_quant(fp32weight)
             # One thread: these are many small tensor ops, which intra-op threads spin-waiting on a busy machine made
             # 30x slower (a 576 x 3072 weight: 37 s with 2 threads, 1.2 s with one).
             threads = torch.get_num_threads()
             torch.set_num_threads(1)
             try:
-                integers, scales, zeros = ALGORITHMS[method](fp32weight, hessian, block_size, bits=4)
+                if method == "gptq":
+                    integers, scales, zeros = gptq(fp32weight, hessian, block_size, bits=4)
+                else:
+                    integers, scales, zeros = search_quantize(fp32weight, block_size, bits=4)
             finally:
                 torch.set_num_threads(threads)
             return pack_matmul_nbits(integers, scales, zeros, block_size)
 
-    return CalibratedQuantizer(config)
-
-
-# `INT4_METHODS` (postprocess.py) that calibrate -> the function choosing a weight's integers, scales and zero points.
-ALGORITHMS = {"search": search_quantize, "gptq": gptq}
+    return Int4Quantizer(config)
