@@ -80,8 +80,23 @@ def run(args: argparse.Namespace) -> dict:
             megabytes=folder_megabytes(folder),
             answer=answer,
         )
-    # Decode speed: every int4 system once per round, in its own process, the order rotating each round.
-    quantized = [name for name, system in systems if system]
+    report = dict(
+        model=str(args.model),
+        text=str(args.text),
+        text_tokens=sum(ids.shape[1] for ids in windows),
+        window=args.window,
+        prompt=args.prompt,
+        rows=rows,
+    )
+    return time_decoding(report, args)
+
+
+def time_decoding(report: dict, args: argparse.Namespace) -> dict:
+    """Decode speed: every int4 system once per round, in its own process, the order rotating each round; then the
+    report is written (`--retime` reruns only this on the exports of a previous run)."""
+    say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    rows = report["rows"]
+    quantized = [name for name, row in rows.items() if row["system"]]
     speeds = {name: [] for name in quantized}
     for round_index in range(args.rounds):
         order = quantized[round_index % len(quantized) :] + quantized[: round_index % len(quantized)]
@@ -93,18 +108,8 @@ def run(args: argparse.Namespace) -> dict:
         rows[name]["tokens_per_s"] = statistics.median(speeds[name])
         ratios = [mine / theirs for mine, theirs in zip(speeds[name], speeds[baseline])]
         rows[name]["speed_vs_rtn"] = statistics.median(ratios)
-    report = dict(
-        model=str(args.model),
-        text=str(args.text),
-        text_tokens=sum(ids.shape[1] for ids in windows),
-        window=args.window,
-        prompt=args.prompt,
-        rounds=args.rounds,
-        new_tokens=args.new_tokens,
-        threads=args.threads,
-        rows=rows,
-    )
-    (work / "int4_quality.json").write_text(json.dumps(report, indent=2))
+    report.update(rounds=args.rounds, new_tokens=args.new_tokens, threads=args.threads)
+    (Path(args.work) / "int4_quality.json").write_text(json.dumps(report, indent=2))
     Path(args.output).write_text(markdown(report))
     print(markdown(report))
     return report
@@ -163,9 +168,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5, help="decode timing rounds (5)")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens per decode timing (64)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--retime", action="store_true", help="only re-time decoding of --work's previous exports")
     parser.add_argument("--decode", metavar="FOLDER", help=argparse.SUPPRESS)  # one timing, in a child process
     args = parser.parse_args(argv)
-    if not args.decode and not (args.model and args.text):
+    if not args.decode and not args.retime and not (args.model and args.text):
         parser.error("--model and --text are required")
     return args
 
@@ -174,5 +180,7 @@ if __name__ == "__main__":
     arguments = parse_args()
     if arguments.decode:
         print(decode_speed(Path(arguments.decode), arguments.prompt, arguments.new_tokens, arguments.threads))
+    elif arguments.retime:
+        time_decoding(json.loads((Path(arguments.work) / "int4_quality.json").read_text()), arguments)
     else:
         run(arguments)
