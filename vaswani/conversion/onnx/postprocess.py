@@ -53,7 +53,8 @@ class WeightQuantization:
         _import_quantizer()
         from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig
 
-        # Round to nearest from each block's min/max. ONNX Runtime's HQQ fits 4-bit blocks much better on SmolLM2-135M
+        # Round to nearest from each block's min/max (`method` may replace the integers: `int4_node_quantizer`).
+        # ONNX Runtime's HQQ fits 4-bit blocks much better on SmolLM2-135M
         # (+0.1-0.3% perplexity instead of +13-22%, flattered by that checkpoint's 4-bit origin) but stores float zero
         # points, which have no fast MatMulNBits kernel on CPU: 60x slower per matmul.
         return DefaultWeightOnlyQuantConfig(
@@ -68,8 +69,9 @@ class WeightQuantization:
 
 
 # `quantize=` argument -> its format. Perplexity on SmolLM2-135M-Instruct (30 layers; docs/deployment.md, over 1,024
-# and 512 tokens of text): int8 +0.6% / +0.5%; int4 +12.8% / +21.9% with an 8-bit head (+44% with the head in 4 bits
-# too), +12% over 512 tokens with `block_size=16`.
+# and 512 tokens of text): int8 +0.6% / +0.5%; int4 rounded to nearest +12.8% / +21.9% with an 8-bit head (+44% with
+# the head in 4 bits too), +12% over 512 tokens with `block_size=16`; int4 `search` +11.2% over 1,024 tokens, +2.4%
+# with `narrowing_bits=8` (docs/results/int4_quality.md).
 QUANTIZATIONS = {
     "int8": WeightQuantization("int8-weight-only", bits=8, symmetric=True),
     "int4": WeightQuantization("int4-weight-only", bits=4, symmetric=False),
