@@ -232,3 +232,24 @@ def test_gptq_without_a_tokenizer_names_the_fix_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="int4_method='rtn'"):
         export_onnx(tmp_path / "model", tmp_path / "out", quantize="int4", int4_method="gptq")
     assert not (tmp_path / "out").exists()
+
+
+def test_gptq_calibrates_an_encoder_decoder_with_few_positions(tmp_path):
+    """The decoder graph is calibrated on the encoder graph's cross keys/values, and windows fit the position table."""
+    from conftest import tiny_seq2seq_config
+
+    from vaswani import VaswaniForConditionalGeneration
+
+    tokenizer = corpus_tokenizer(vocab_size=300, kilobytes=50)
+    config = tiny_seq2seq_config(
+        vocab_size=len(tokenizer), position_embedding_type="learned", num_hidden_layers=1, encoder_layers=1
+    )
+    model = build_model(VaswaniForConditionalGeneration, config)
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    result = export_onnx(tmp_path / "model", tmp_path / "out", quantize="int4", int4_method="gptq")
+    assert result.validation.passed and config.max_position_embeddings < 256
+    for graph in ("encoder", "decoder"):
+        file = tmp_path / "out" / result.manifest["graphs"][graph]["file"]
+        nodes = onnx.load(str(file), load_external_data=False).graph.node
+        assert any(node.op_type == "MatMulNBits" for node in nodes)

@@ -46,7 +46,7 @@ from .contract import (
     write_manifest,
 )
 from .formulations import LLM_OPSET, exporting_formulations, fuse_sibling_matmuls
-from .int4 import calibrate, calibration_windows
+from .int4 import CALIBRATION_WINDOW, calibrate, calibration_windows
 from .postprocess import optimize_graph, quantization_format, quantize_graph
 from .tasks import GENERATION_TASKS, cast_model, family_of, infer_task, load_for_task, task_model
 from .validation import ValidationReport, validate_onnx_export
@@ -277,7 +277,12 @@ def export_onnx(
     if quantization is not None and quantization.calibrated:
         # Before any work: calibration needs the model's tokenizer, which is copied from the source folder.
         folder = source or (Path(model.name_or_path) if getattr(model, "name_or_path", None) else None)
-        windows = calibration_windows(folder if folder is not None and folder.is_dir() else None, calibration_text)
+        positions = getattr(model.config, "max_position_embeddings", None) or CALIBRATION_WINDOW
+        windows = calibration_windows(
+            folder if folder is not None and folder.is_dir() else None,
+            calibration_text,
+            window=min(CALIBRATION_WINDOW, positions),
+        )
     module = task_model(model, task)
     family = family_of(module.config)
     export_model = cast_model(module, DTYPES[dtype], device)

@@ -37,10 +37,10 @@ LAZY_ROWS = 128
 
 
 def calibration_windows(
-    folder: Path | None, text: str | None = None, tokens: int = CALIBRATION_TOKENS
+    folder: Path | None, text: str | None = None, tokens: int = CALIBRATION_TOKENS, window: int = CALIBRATION_WINDOW
 ) -> list[np.ndarray]:
-    """The first `tokens` tokens of the calibration text (default: the package's corpus) in windows of
-    `CALIBRATION_WINDOW` ([1, window] int64 each), tokenized with the tokenizer in `folder`."""
+    """The first `tokens` tokens of the calibration text (default: the package's corpus) in windows of `window` tokens
+    ([1, window] int64 each; at most the model's positions), tokenized with the tokenizer in `folder`."""
     from transformers import AutoTokenizer
 
     if text is None:
@@ -58,7 +58,7 @@ def calibration_windows(
         ) from error
     text = text[: tokens * 16]  # enough characters for `tokens` tokens
     ids = tokenizer(text, add_special_tokens=False)["input_ids"][:tokens]
-    windows = [ids[start : start + CALIBRATION_WINDOW] for start in range(0, len(ids), CALIBRATION_WINDOW)]
+    windows = [ids[start : start + window] for start in range(0, len(ids), window)]
     return [np.array([window], dtype=np.int64) for window in windows if len(window) > 1]
 
 
