@@ -122,8 +122,8 @@ def markdown(report: dict) -> str:
         "# int4 methods on a real checkpoint",
         "",
         f"Written by `scripts/int4_quality.py` for {report['model']}: perplexity over {report['text_tokens']} tokens of "
-        f"`{report['text']}` (windows of {report['window']}), by ONNX Runtime; the calibrated methods ran the float32 "
-        f"graph on the first {CALIBRATION_TOKENS} tokens of the package's corpus (`vaswani/data/corpus.txt`, "
+        f"`{report['text']}` (windows of {report['window']}), by ONNX Runtime; `gptq`, the calibrated method, ran the "
+        f"float32 graph on the first {CALIBRATION_TOKENS} tokens of the package's corpus (`vaswani/data/corpus.txt`, "
         "children's stories; never the evaluation text). Every int4 export has the same graph: `MatMulNBits`, 4-bit "
         "body, 8-bit LM head, block 32, int8 compute (accuracy level 4); `/mlp8` systems keep the MLP output "
         "projections (down_proj) in 8 bits too (`--int4-mlp-out-bits 8`).",
