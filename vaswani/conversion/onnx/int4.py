@@ -53,8 +53,8 @@ def calibration_windows(
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as error:
         raise ValueError(
-            f"Calibrated int4 quantization tokenizes calibration text with the model's tokenizer, and there is none "
-            f"({error}). Export from a saved folder with its tokenizer files, or use int4_method='rtn'."
+            f"int4_method='gptq' tokenizes calibration text with the model's tokenizer, and there is none "
+            f"({error}). Export from a saved folder with its tokenizer files, or use int4_method='search' (no data)."
         ) from error
     text = text[: tokens * 16]  # enough characters for `tokens` tokens
     ids = tokenizer(text, add_special_tokens=False)["input_ids"][:tokens]
@@ -95,7 +95,7 @@ def _synthetic_feeds(session: ort.InferenceSession, ids: np.ndarray, earlier: di
             ]
             feeds[name] = np.zeros(shape, dtype=np.float32)
         else:
-            raise ValueError(f"Calibration cannot feed graph input {name!r}; use int4_method='rtn'.")
+            raise ValueError(f"Calibration cannot feed graph input {name!r}; use int4_method='search' (no data).")
     return feeds
 
 
