@@ -31,6 +31,13 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
         help="convert a vaswani folder to transformers' ARCH: llama, mistral, qwen2, gpt2, bert, bart, t5, or auto "
         "(rope decoder -> llama, learned -> gpt2; encoder -> bert; seq2seq learned -> bart, relative_bias -> t5)",
     )
+    parser.add_argument(
+        "--int4-mlp-out-bits",
+        type=int,
+        choices=(4, 8),
+        help="bits of the MLP output projections (down_proj, fc2) of an int4 export: 8 keeps these most sensitive "
+        "matrices in 8 bits, like the LM head, for some size and speed",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty target folder")
     parser.set_defaults(run=_run_convert)
 
@@ -79,10 +86,24 @@ def _add_export_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--block-size", type=int, help="weights per quantization block (default 32)")
     parser.add_argument(
+        "--int4-method",
+        choices=("search", "gptq", "rtn"),
+        help="how int4 weights are chosen, all in the same layout and speed: search (default: each block's scale and "
+        "zero point searched for the smallest error), rtn (round to nearest from the block's range), or gptq "
+        "(calibrated on the package's corpus)",
+    )
+    parser.add_argument(
         "--accuracy-level",
         type=int,
         choices=(0, 1, 4),
         help="quantized matmuls compute in int8 (4, default, fastest) or float32 (0 or 1)",
+    )
+    parser.add_argument(
+        "--int4-mlp-out-bits",
+        type=int,
+        choices=(4, 8),
+        help="bits of the MLP output projections (down_proj, fc2) of an int4 export: 8 keeps these most sensitive "
+        "matrices in 8 bits, like the LM head, for some size and speed",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
     parser.add_argument(
@@ -114,6 +135,8 @@ def _run_export(args: argparse.Namespace) -> int:
             quantize=args.quantize,
             block_size=args.block_size,
             accuracy_level=args.accuracy_level,
+            int4_method=args.int4_method,
+            int4_mlp_out_bits=args.int4_mlp_out_bits,
             overwrite=args.overwrite,
             tolerance=args.tolerance,
             opset=args.opset,

@@ -46,6 +46,7 @@ from .contract import (
     write_manifest,
 )
 from .formulations import LLM_OPSET, exporting_formulations, fuse_sibling_matmuls
+from .int4 import CALIBRATION_WINDOW, calibrate, calibration_windows
 from .postprocess import optimize_graph, quantization_format, quantize_graph
 from .tasks import GENERATION_TASKS, cast_model, family_of, infer_task, load_for_task, task_model
 from .validation import ValidationReport, validate_onnx_export
@@ -189,6 +190,9 @@ def export_onnx(
     quantize: str | None = None,
     block_size: int | None = None,
     accuracy_level: int | None = None,
+    int4_method: str | None = None,
+    int4_mlp_out_bits: int | None = None,
+    calibration_text: str | None = None,
     overwrite: bool = False,
     validate: bool = True,
     tolerance: float | None = None,
@@ -210,6 +214,15 @@ def export_onnx(
         block_size: weights per quantization block (default 32; 16, 32, 64 or 128).
         accuracy_level: MatMulNBits' compute type: 4 (default) int8 activations per block, fastest on CPUs; 0 or 1
             float32 compute.
+        int4_method: how int4 weights are chosen (`INT4_METHODS`): "search" (default) searches each block's scale and
+            zero point for the smallest squared error, "rtn" rounds to nearest from each block's range (ONNX
+            Runtime's quantizer), "gptq" spreads rounding errors by calibration text. The same MatMulNBits layout in
+            every case: size and speed do not change (docs/results/int4_quality.md).
+        int4_mlp_out_bits: 8 keeps the MLP output projections (down_proj, fc2) of an int4 export in 8 bits, like the
+            head: the most sensitive 4-bit matrices, for some size and speed (docs/results/int4_quality.md).
+        calibration_text: the text "gptq" runs the float32 graphs on (default: the package's own corpus,
+            `vaswani.data.corpus_text()`, of which the first `CALIBRATION_TOKENS` tokens are used); tokenized with
+            the tokenizer copied beside the model, which calibration needs.
         overwrite: replace a non-empty `output_dir` (only after the new export succeeded).
         validate: compare ONNX Runtime with PyTorch on fresh shapes and raise `OnnxValidationError` past the
             tolerance (then nothing is installed). Turn off only to inspect a graph that fails.
@@ -232,14 +245,17 @@ def export_onnx(
         raise ValueError(f"device={device!r} is not supported; use 'cpu' or 'cuda'.")
     quantization = None
     if quantize is not None:
-        quantization = quantization_format(quantize, block_size, accuracy_level)
+        quantization = quantization_format(quantize, block_size, accuracy_level, int4_method, int4_mlp_out_bits)
         if dtype != "fp32" or device != "cpu":
             raise ValueError(
                 f"{quantize} weight-only quantization targets the CPU from an fp32 graph: use dtype='fp32', "
                 f"device='cpu'."
             )
-    elif block_size is not None or accuracy_level is not None:
-        raise ValueError("block_size and accuracy_level apply to quantized exports: pass quantize='int8' or 'int4'.")
+    elif any(option is not None for option in (block_size, accuracy_level, int4_method, int4_mlp_out_bits)):
+        raise ValueError(
+            "block_size, accuracy_level and the int4 options apply to quantized exports: pass quantize='int8' or "
+            "'int4'."
+        )
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' needs a CUDA build of torch and a GPU; export on 'cpu' instead.")
     if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -257,6 +273,16 @@ def export_onnx(
     else:
         model = model_or_folder
         task = task or infer_task(model)
+    windows = None
+    if quantization is not None and quantization.calibrated:
+        # Before any work: calibration needs the model's tokenizer, which is copied from the source folder.
+        folder = source or (Path(model.name_or_path) if getattr(model, "name_or_path", None) else None)
+        positions = getattr(model.config, "max_position_embeddings", None) or CALIBRATION_WINDOW
+        windows = calibration_windows(
+            folder if folder is not None and folder.is_dir() else None,
+            calibration_text,
+            window=min(CALIBRATION_WINDOW, positions),
+        )
     module = task_model(model, task)
     family = family_of(module.config)
     export_model = cast_model(module, DTYPES[dtype], device)
@@ -294,11 +320,17 @@ def export_onnx(
         if quantization is not None:
             # The float graph first: its tight tolerance catches export defects that quantization error would hide.
             write_manifest_and_validate(None)
+        hessians = {}
+        if quantization is not None and quantization.calibrated:
+            tokens = sum(window.shape[1] for window in windows)
+            say(f"Calibrating int4 ({quantization.method}): float32 graphs on {tokens} tokens of calibration text")
+            hessians = calibrate({spec.name: staging / spec.file for spec in specs}, windows)
         for spec in specs:
             # Quantization before optimization: the quantizer's shape inference cannot see through ORT's fused ops.
             if quantization is not None:
-                say(f"Quantizing graph {spec.name!r} ({quantization.name}, block {quantization.block_size})")
-                quantize_graph(staging / spec.file, quantization)
+                method = f", {quantization.method}" if quantization.bits == 4 else ""
+                say(f"Quantizing graph {spec.name!r} ({quantization.name}{method}, block {quantization.block_size})")
+                quantize_graph(staging / spec.file, quantization, hessians.get(spec.name))
             if optimize:
                 say(f"Optimizing graph {spec.name!r} (ONNX Runtime, extended level)")
                 optimize_graph(staging / spec.file, device)

@@ -1,6 +1,7 @@
 """Graph post-processing, in place on a saved graph: ONNX Runtime's offline optimizations (`optimize_graph`) and
-weight-only block-wise quantization (`quantize_graph`, 8 or 4 bits). A new quantization format is an entry in
-`QUANTIZATIONS` (a new kind of graph rewrite, a function here beside `quantize_graph`).
+weight-only block-wise quantization (`quantize_graph`, 8 or 4 bits; how 4-bit weights are chosen: `INT4_METHODS`).
+A new quantization format is an entry in `QUANTIZATIONS` (a new kind of graph rewrite, a function here beside
+`quantize_graph`).
 """
 
 import logging
@@ -12,6 +13,7 @@ import onnx
 import onnxruntime as ort
 
 from .contract import save_graph
+from .int4 import int4_node_quantizer
 from .session import PROVIDERS
 
 
@@ -27,6 +29,10 @@ class WeightQuantization:
         head_bits: bits of the LM/task head, whose errors reach the logits undamped.
         block_size: input rows per block, each with its own scale (and zero point).
         accuracy_level: `MatMulNBits`' compute type: 0/1 float32, 4 int8 activations per block (fastest on CPUs).
+        narrowing_bits: bits of the MLP output projections (`narrowing_matmuls`), in a 4-bit format: 8 keeps them
+            in the head's 8 bits, the most sensitive matrices of a 4-bit model, at a cost in size and speed.
+        method: how 4-bit integers are chosen (`INT4_METHODS`); every method stores the same `MatMulNBits` layout,
+            so size and speed do not depend on it.
     """
 
     name: str
@@ -35,12 +41,20 @@ class WeightQuantization:
     head_bits: int = 8
     block_size: int = 32
     accuracy_level: int = 4
+    method: str = "rtn"
+    narrowing_bits: int | None = None
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether quantization needs the inputs' second moments on calibration text (`int4.calibrate`)."""
+        return self.method == "gptq"
 
     def algorithm_config(self, bits: int):
         _import_quantizer()
         from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig
 
-        # Round to nearest from each block's min/max. ONNX Runtime's HQQ fits 4-bit blocks much better on SmolLM2-135M
+        # Round to nearest from each block's min/max (`method` may replace the integers: `int4_node_quantizer`).
+        # ONNX Runtime's HQQ fits 4-bit blocks much better on SmolLM2-135M
         # (+0.1-0.3% perplexity instead of +13-22%, flattered by that checkpoint's 4-bit origin) but stores float zero
         # points, which have no fast MatMulNBits kernel on CPU: 60x slower per matmul.
         return DefaultWeightOnlyQuantConfig(
@@ -55,27 +69,55 @@ class WeightQuantization:
 
 
 # `quantize=` argument -> its format. Perplexity on SmolLM2-135M-Instruct (30 layers; docs/deployment.md, over 1,024
-# and 512 tokens of text): int8 +0.6% / +0.5%; int4 +12.8% / +21.9% with an 8-bit head (+44% with the head in 4 bits
-# too), +12% over 512 tokens with `block_size=16`.
+# and 512 tokens of text): int8 +0.6% / +0.5%; int4 rounded to nearest +12.8% / +21.9% with an 8-bit head (+44% with
+# the head in 4 bits too), +12% over 512 tokens with `block_size=16`; int4 `search` +11.2% over 1,024 tokens, +2.4%
+# with `narrowing_bits=8` (docs/results/int4_quality.md).
 QUANTIZATIONS = {
     "int8": WeightQuantization("int8-weight-only", bits=8, symmetric=True),
     "int4": WeightQuantization("int4-weight-only", bits=4, symmetric=False),
 }
 BLOCK_SIZES = (16, 32, 64, 128)
 ACCURACY_LEVELS = (0, 1, 4)
+# How the 4-bit integers, scales and zero points of each block are chosen (`int4.py`); all store the same
+# MatMulNBits layout. Perplexity on SmolLM2-135M-Instruct: docs/results/int4_quality.md.
+INT4_METHODS = {
+    "rtn": "round to nearest from each block's range (ONNX Runtime's quantizer)",
+    "search": "each block's scale and zero point searched for the smallest squared error (no data)",
+    "gptq": "GPTQ: rounding errors spread over the rows not yet quantized, weighted by calibration text",
+}
+DEFAULT_INT4_METHOD = "search"
 
 
-def quantization_format(quantize: str, block_size: int | None = None, accuracy_level: int | None = None):
+def quantization_format(
+    quantize: str,
+    block_size: int | None = None,
+    accuracy_level: int | None = None,
+    method: str | None = None,
+    mlp_out_bits: int | None = None,
+):
     """The `WeightQuantization` of a `quantize=` argument with its options, or a ValueError naming the choices."""
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize={quantize!r} is not supported; use one of {sorted(QUANTIZATIONS)} or None.")
+    if method is not None and method not in INT4_METHODS:
+        raise ValueError(f"int4_method={method!r} is not supported; use one of {sorted(INT4_METHODS)}.")
+    if method is not None and quantize != "int4":
+        raise ValueError(f"int4_method applies to quantize='int4' only (int8 rounds to nearest), not {quantize!r}.")
+    if mlp_out_bits is not None and (quantize != "int4" or mlp_out_bits not in (4, 8)):
+        raise ValueError(f"int4_mlp_out_bits={mlp_out_bits} needs quantize='int4' and is 4 or 8.")
+    if quantize == "int4":
+        method = method or DEFAULT_INT4_METHOD
     if block_size is not None and block_size not in BLOCK_SIZES:
         raise ValueError(f"quantization block_size={block_size} is not supported; use one of {BLOCK_SIZES}.")
     if accuracy_level is not None and accuracy_level not in ACCURACY_LEVELS:
         raise ValueError(
             f"accuracy_level={accuracy_level} is not supported; use 0 or 1 (float32 compute) or 4 (int8 compute)."
         )
-    overrides = {"block_size": block_size, "accuracy_level": accuracy_level}
+    overrides = {
+        "block_size": block_size,
+        "accuracy_level": accuracy_level,
+        "method": method,
+        "narrowing_bits": mlp_out_bits,
+    }
     return replace(QUANTIZATIONS[quantize], **{key: value for key, value in overrides.items() if value is not None})
 
 
@@ -177,7 +219,7 @@ def fuse_skip_norms(model: onnx.ModelProto, shapes: dict[str, list]) -> int:
 OPTIMIZATION_LEVEL = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
 
 
-def quantize_graph(path: Path, quantization: WeightQuantization) -> int:
+def quantize_graph(path: Path, quantization: WeightQuantization, hessians: dict[str, np.ndarray] | None = None) -> int:
     """Weight-only block-wise quantization of every weight MatMul, in place; returns how many were quantized.
 
     Each weight matrix is cut into blocks of `block_size` input rows, each block stored in `bits` bits with its own
@@ -186,18 +228,29 @@ def quantize_graph(path: Path, quantization: WeightQuantization) -> int:
     (perplexity 21.7 -> 10 million on a 30-layer 135M LLaMA-family chat model), while block-wise weight-only 8 bits
     kept it within 1%. A tied LM head exports as MatMul(x, Transpose(embedding)): the transpose is folded into its own
     initializer first, so that the head, the largest matmul of a small model, is quantized too (in `head_bits`).
+
+    `quantization.method` chooses the 4-bit integers (`int4.py`); the nodes, their layout and so the speed are round to
+    nearest's. The calibrated one (`gptq`) takes `hessians`, the second moments of each MatMul's input on calibration
+    text (`int4.calibrate`, keyed by the input's name).
     """
+    if quantization.calibrated and hessians is None:
+        raise ValueError(f"int4 method {quantization.method!r} needs calibration statistics (int4.calibrate).")
     MatMulNBitsQuantizer = _import_quantizer()
     model = onnx.load(str(path), load_external_data=True)
     shapes = value_shapes(model)
     fold_initializer_transposes(model)
     head = output_projection(model)
-    separate_head = head is not None and quantization.head_bits != quantization.bits
-    passes = [(quantization.bits, {"nodes_to_exclude": [head] if separate_head else []})]
-    if separate_head:
-        passes.append((quantization.head_bits, {"nodes_to_include": [head]}))
+    wide = [head] if head is not None and quantization.head_bits != quantization.bits else []
+    if quantization.narrowing_bits not in (None, quantization.bits):
+        wide += narrowing_matmuls(model)
+    # One pass per width, the wide ones (head, narrowing matmuls) together in `head_bits`.
+    passes = [(quantization.bits, {"nodes_to_exclude": wide})]
+    if wide:
+        passes.append((quantization.head_bits, {"nodes_to_include": wide}))
     for bits, nodes in passes:
         quantizer = MatMulNBitsQuantizer(model, algo_config=quantization.algorithm_config(bits), **nodes)
+        if quantization.method != "rtn":
+            quantizer.node_quantizer = int4_node_quantizer(quantizer.algo_config, quantization.method, hessians)
         quantizer.process()
         model = quantizer.model.model
     quantized = [node for node in model.graph.node if node.op_type == "MatMulNBits"]
@@ -210,6 +263,19 @@ def quantize_graph(path: Path, quantization: WeightQuantization) -> int:
         stale.unlink(missing_ok=True)
     save_graph(model, path)
     return len(quantized)
+
+
+def narrowing_matmuls(model: onnx.ModelProto) -> list[str]:
+    """The weight MatMuls with more input rows than output columns: the MLP's output projections (down_proj, fc2),
+    whose inputs are the widest and most outlier-prone activations of a block."""
+    shapes = {tensor.name: list(tensor.dims) for tensor in model.graph.initializer}
+    return [
+        node.name
+        for node in model.graph.node
+        if node.op_type == "MatMul"
+        and len(shapes.get(node.input[1], [])) == 2
+        and shapes[node.input[1]][0] > shapes[node.input[1]][1]
+    ]
 
 
 def _wiring(graph: onnx.GraphProto) -> tuple[dict[str, onnx.NodeProto], dict[str, int], set[str]]:

@@ -1,0 +1,255 @@
+"""int4 methods (`int4_method`, vaswani/conversion/onnx/int4.py): the same graph as round to nearest (RTN), node for
+node, with other 4-bit integers. Checked against independent oracles: ONNX Runtime's own quantizer for the
+MatMulNBits layout, the float weights for the error of a weight (search) or of a layer's output (gptq), and PyTorch
+float32 for the exported model's next-token distributions on held-out text (gptq, calibrated on the same corpus).
+"""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from conftest import build_model, tiny_decoder_config
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from vaswani import VaswaniForCausalLM  # noqa: E402
+from vaswani.cli import main  # noqa: E402
+from vaswani.conversion.onnx import export_onnx, load_manifest  # noqa: E402
+from vaswani.conversion.onnx.int4 import (  # noqa: E402
+    CALIBRATION_TOKENS,
+    gptq,
+    pack_matmul_nbits,
+    rtn_grid,
+    search_quantize,
+    unpack_matmul_nbits,
+)
+from vaswani.conversion.onnx.postprocess import _import_quantizer  # noqa: E402
+from vaswani.data import corpus_text  # noqa: E402
+from vaswani.tokenization import corpus_tokenizer  # noqa: E402
+
+BLOCK = 32
+METHODS = ("rtn", "search", "gptq")
+
+
+def rtn(weight: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Round to nearest per block of BLOCK rows, our way: integers, scales and zero points."""
+    blocks = torch.tensor(weight, dtype=torch.float64).reshape(-1, BLOCK, weight.shape[1])
+    grids = [rtn_grid(block) for block in blocks]
+    integers = [torch.clamp(torch.round(block / s + z), 0, 15) for block, (s, z) in zip(blocks, grids)]
+    return (
+        torch.cat(integers).numpy().astype(np.uint8),
+        torch.stack([s for s, _ in grids]).numpy().astype(np.float32),
+        torch.stack([z for _, z in grids]).numpy().astype(np.uint8),
+    )
+
+
+def dequantized(integers, scales, zeros) -> np.ndarray:
+    return (integers.astype(np.float64) - np.repeat(zeros, BLOCK, 0)) * np.repeat(scales, BLOCK, 0)
+
+
+@pytest.mark.parametrize("rows", [64, 96])  # an even and an odd number of blocks (zero points pack two a byte)
+def test_our_packing_is_onnx_runtimes_matmul_nbits_layout(rows):
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, DefaultWeightOnlyQuantizer
+
+    _import_quantizer()
+    weight = np.random.default_rng(0).standard_normal((rows, 5)).astype(np.float32)
+    config = DefaultWeightOnlyQuantConfig(block_size=BLOCK, is_symmetric=False, bits=4)
+    theirs = DefaultWeightOnlyQuantizer(config).qbits_block_quant(weight)
+    ours = pack_matmul_nbits(*rtn(weight), BLOCK)
+    np.testing.assert_array_equal(ours[0], theirs[0])
+    np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-6)
+    np.testing.assert_array_equal(ours[2], theirs[2])
+    np.testing.assert_allclose(unpack_matmul_nbits(*theirs, rows), dequantized(*rtn(weight)), rtol=1e-5, atol=1e-6)
+
+
+def lattice_weight_and_inputs(seed: int = 0):
+    """A weight whose blocks already sit on a 4-bit grid with a float offset (a checkpoint once stored as Q4_1), and
+    correlated inputs with a mean (as after a norm): calibration and held-out samples of the same distribution."""
+    rng = np.random.default_rng(seed)
+    rows, columns = 4 * BLOCK, 16
+    step = rng.uniform(0.01, 0.02, (rows // BLOCK, 1, columns))
+    low = -rng.uniform(3, 12, (rows // BLOCK, 1, columns)) * step
+    levels = rng.integers(0, 16, (rows // BLOCK, BLOCK, columns))
+    weight = (low + step * levels).reshape(rows, columns).astype(np.float32)
+    mixing = rng.standard_normal((rows, rows)) * 0.2 + np.eye(rows)
+    mean = rng.uniform(-1, 2, rows)
+
+    def inputs(count):
+        return rng.standard_normal((count, rows)) @ mixing + mean
+
+    return weight, inputs(4096), inputs(4096)
+
+
+def test_gptq_beats_round_to_nearest_on_held_out_inputs_of_its_calibration_distribution():
+    weight, calibration, held_out = lattice_weight_and_inputs()
+    integers, scales, zeros = gptq(weight, calibration.T @ calibration, BLOCK)
+    assert integers.max() <= 15 and zeros.max() <= 15 and scales.shape == zeros.shape == (4, 16)
+    error = np.linalg.norm(held_out @ (dequantized(integers, scales, zeros) - weight))
+    assert error < 0.8 * np.linalg.norm(held_out @ (dequantized(*rtn(weight)) - weight))
+
+
+def test_search_never_loses_to_round_to_nearest_per_block_and_wins_on_offset_grids():
+    weight, _, _ = lattice_weight_and_inputs()
+    integers, scales, zeros = search_quantize(weight, BLOCK)
+    assert integers.max() <= 15 and zeros.max() <= 15 and scales.shape == zeros.shape == (4, 16)
+
+    def block_errors(quantized):
+        return np.square(quantized - weight).reshape(4, BLOCK, 16).sum(axis=1)
+
+    searched, rounded = block_errors(dequantized(integers, scales, zeros)), block_errors(dequantized(*rtn(weight)))
+    assert (searched <= rounded * (1 + 1e-4)).all()  # RTN is a candidate (float32 vs float64 rounding aside)
+    assert searched.sum() < 0.8 * rounded.sum()
+
+
+# ------------------------------------------------------------------------------------ exported models
+
+
+def windows(text: str, tokenizer, length: int = 48, count: int = 8) -> torch.Tensor:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"][: length * count]
+    return torch.tensor(ids).reshape(count, length)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny causal LM trained for a few steps on the corpus (trained weights have the outlier inputs and the
+    structure that separate quantizers; random ones do not), saved with its tokenizer, and its int4 exports."""
+    folder = tmp_path_factory.mktemp("int4") / "model"
+    tokenizer = corpus_tokenizer(vocab_size=300, kilobytes=50)
+    model = build_model(VaswaniForCausalLM, tiny_decoder_config(vocab_size=len(tokenizer), initializer_range=0.02))
+    data = windows(corpus_text()[200_000:260_000], tokenizer, length=64, count=64)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for step in range(60):
+        batch = data[(step * 8) % 64 : (step * 8) % 64 + 8]
+        model(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    exports = {
+        method: export_onnx(folder, folder.parent / method, "text-generation", quantize="int4", int4_method=method)
+        for method in METHODS
+    }
+    exports["search, mlp out 8-bit"] = export_onnx(
+        folder, folder.parent / "mlp8", "text-generation", quantize="int4", int4_mlp_out_bits=8
+    )
+    return model, tokenizer, exports
+
+
+def test_every_int4_method_is_rtns_graph_with_other_integers(trained):
+    _, _, exports = trained
+
+    def graph(method):
+        return onnx.load(str(exports[method].folder / "model.onnx"), load_external_data=True).graph
+
+    def nbits_attributes(graph):
+        return [
+            {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            for node in graph.node
+            if node.op_type == "MatMulNBits"
+        ]
+
+    def weights(graph):
+        quantized = {node.input[1] for node in graph.node if node.op_type == "MatMulNBits"}
+        return {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer if t.name in quantized}
+
+    reference = graph("rtn")
+    for method in ("search", "gptq"):
+        other = graph(method)
+        assert Counter(node.op_type for node in other.node) == Counter(node.op_type for node in reference.node)
+        assert nbits_attributes(other) == nbits_attributes(reference)
+        assert {a["bits"] for a in nbits_attributes(other)} == {4, 8}  # body 4-bit, LM head 8-bit
+        ours, theirs = weights(other), weights(reference)
+        changed = [name for name in theirs if not np.array_equal(ours[name], theirs[name])]
+        assert changed, f"{method} chose exactly RTN's integers everywhere"
+        manifest = load_manifest(exports[method].folder)
+        assert manifest["quantization_options"]["method"] == method
+        assert manifest["validation"]["passed"]  # within the int4 tolerance of PyTorch, as RTN
+
+
+def test_mlp_out_bits_8_keeps_the_mlp_output_projections_in_8_bits(trained):
+    model, _, exports = trained
+    graph = onnx.load(str(exports["search, mlp out 8-bit"].folder / "model.onnx"), load_external_data=False).graph
+    attributes = [
+        {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        for node in graph.node
+        if node.op_type == "MatMulNBits"
+    ]
+    config = model.config
+    eight = sorted((node["K"], node["N"]) for node in attributes if node["bits"] == 8)
+    # The LM head and each layer's down projection; q/k/v, o and gate/up stay 4-bit.
+    expected = [(config.intermediate_size, config.hidden_size)] * config.num_hidden_layers
+    assert eight == sorted(expected + [(config.hidden_size, config.vocab_size)])
+    assert all(node["bits"] == 4 for node in attributes if (node["K"], node["N"]) not in eight)
+    assert load_manifest(exports["search, mlp out 8-bit"].folder)["validation"]["passed"]
+
+
+def test_gptq_is_closer_to_float32_than_rtn_on_held_out_text_of_its_calibration_domain(trained):
+    model, tokenizer, exports = trained
+    from vaswani.conversion import OrtModelForCausalLM
+
+    # Held out: the end of the corpus, far from gptq's calibration text (its first CALIBRATION_TOKENS tokens) and
+    # from the training text.
+    held_out = windows(corpus_text()[-20_000:], tokenizer)
+    assert len(tokenizer(corpus_text()[:-20_000])["input_ids"]) > 10 * CALIBRATION_TOKENS
+    with torch.no_grad():
+        reference = torch.log_softmax(model(input_ids=held_out).logits, dim=-1)
+
+    def divergence(method):  # KL(float32 || int4) per token, over the vocabulary
+        runtime = OrtModelForCausalLM.from_pretrained(exports[method].folder)
+        with torch.no_grad():
+            quantized = torch.log_softmax(runtime(input_ids=held_out).logits, dim=-1)
+        return float((reference.exp() * (reference - quantized)).sum(dim=-1).mean())
+
+    # gptq measured 3-7x closer on such models; `search` is not asserted here: on models this small it lands on
+    # either side of RTN (its case is the real checkpoint, docs/results/int4_quality.md).
+    assert divergence("gptq") < 0.5 * divergence("rtn")
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--quantize", "int8", "--int4-method", "gptq"], "int4_method applies to quantize='int4' only"),
+        (["--int4-method", "gptq"], "int4 options apply to quantized exports"),
+        (["--quantize", "int8", "--int4-mlp-out-bits", "8"], "int4_mlp_out_bits=8 needs quantize='int4'"),
+    ],
+    ids=["int8", "unquantized", "mlp_out_bits_with_int8"],
+)
+def test_int4_method_outside_int4_is_a_clear_error(tmp_path, capsys, options, message):
+    model = build_model(VaswaniForCausalLM, tiny_decoder_config(num_hidden_layers=1))
+    model.save_pretrained(tmp_path / "model")
+    assert main(["export", "--model", str(tmp_path / "model"), "--output", str(tmp_path / "out"), *options]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_gptq_without_a_tokenizer_names_the_fix_before_any_work(tmp_path):
+    model = build_model(VaswaniForCausalLM, tiny_decoder_config(num_hidden_layers=1))
+    model.save_pretrained(tmp_path / "model")
+    with pytest.raises(ValueError, match="tokenizer files, or use int4_method='search'"):
+        export_onnx(tmp_path / "model", tmp_path / "out", quantize="int4", int4_method="gptq")
+    assert not (tmp_path / "out").exists()
+
+
+def test_gptq_calibrates_an_encoder_decoder_with_few_positions(tmp_path):
+    """The decoder graph is calibrated on the encoder graph's cross keys/values, and windows fit the position table."""
+    from conftest import tiny_seq2seq_config
+
+    from vaswani import VaswaniForConditionalGeneration
+
+    tokenizer = corpus_tokenizer(vocab_size=300, kilobytes=50)
+    config = tiny_seq2seq_config(
+        vocab_size=len(tokenizer), position_embedding_type="learned", num_hidden_layers=1, encoder_layers=1
+    )
+    model = build_model(VaswaniForConditionalGeneration, config)
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    result = export_onnx(tmp_path / "model", tmp_path / "out", quantize="int4", int4_method="gptq")
+    assert result.validation.passed and config.max_position_embeddings < 256
+    for graph in ("encoder", "decoder"):
+        file = tmp_path / "out" / result.manifest["graphs"][graph]["file"]
+        nodes = onnx.load(str(file), load_external_data=False).graph.node
+        assert any(node.op_type == "MatMulNBits" for node in nodes)
