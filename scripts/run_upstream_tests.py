@@ -41,6 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", type=Path, default=Path("docs/results/upstream_common_tests.md"))
     parser.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds for the whole run")
+    parser.add_argument("--provenance", default="", help="where the tests came from, written under the title")
     return parser.parse_args(argv)
 
 
@@ -96,7 +97,7 @@ def summarize(report: Path) -> tuple[dict, dict, list]:
     return counts, skip_reasons, failures
 
 
-def markdown(counts: dict, skip_reasons: collections.Counter, failures: list, source: Path) -> str:
+def markdown(counts: dict, skip_reasons: collections.Counter, failures: list, source: Path, provenance: str) -> str:
     total = sum(counts.values(), collections.Counter())
     lines = [
         "# transformers' common model tests on the vaswani families",
@@ -104,6 +105,7 @@ def markdown(counts: dict, skip_reasons: collections.Counter, failures: list, so
         f"Run by `scripts/run_upstream_tests.py` on {datetime.date.today().isoformat()}: transformers "
         f"{metadata.version('transformers')}, torch {metadata.version('torch')}, Python {platform.python_version()}, "
         f"{platform.machine()} CPU, no GPU. Tests from `{source}`.",
+        *(["", provenance] if provenance else []),
         "",
         f"**{total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped.**",
         "",
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         if not report.is_file():
             raise SystemExit("pytest wrote no report: it failed before collecting (see the output above)")
         counts, skip_reasons, failures = summarize(report)
-    text = markdown(counts, skip_reasons, failures, args.transformers)
+    text = markdown(counts, skip_reasons, failures, args.transformers, args.provenance)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text)
     print(text)
