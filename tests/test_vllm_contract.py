@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from conftest import build_model, random_ids, tiny_decoder_config, tiny_encoder_config
 from torch import nn
-from transformers import AttentionInterface, AutoModel
+from transformers import AttentionInterface, AutoModel, AutoModelForSequenceClassification
 
 from vaswani import (
     VaswaniDecoderModel,
@@ -201,3 +201,13 @@ def test_score_bias_positions_still_build_with_bias_capable_backends(position_em
             tiny_decoder_config(position_embedding_type=position_embedding_type), attn_implementation=backend
         )
         assert model.config._attn_implementation == backend
+
+
+def test_classifier_with_berts_pooler_fails_at_build_under_vllm(vllm_attention):
+    # vLLM applies the classifier to its own pooled hidden state; a dense + tanh pooler in between would be skipped.
+    config = tiny_encoder_config(num_labels=3, add_pooler=True)
+    config._attn_implementation = "vllm"
+    with torch.device("meta"), pytest.raises(ValueError, match="add_pooler=True"):
+        AutoModelForSequenceClassification.from_config(config)
+    config.add_pooler = False
+    assert AutoModelForSequenceClassification.from_config(config).model.pooler is None

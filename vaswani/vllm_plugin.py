@@ -9,16 +9,19 @@ vaswani architecture to the backend class that wraps it. Then
 builds the base model with `AutoModel.from_config` from the installed package. Without vaswani installed, the same
 folder loads as remote code instead: `vllm serve ./my-vaswani-model --model-impl transformers --trust-remote-code`.
 
+Classifiers load only this way: as remote code, vLLM's stock classifier finds no place for vaswani's `score` head.
 Only the decoder and encoder families are mapped: vLLM's Transformers backend does not serve encoder-decoder models.
 """
 
-# Architecture (the `architectures` entry of a saved config.json) -> vLLM's Transformers backend class.
+BACKEND = "vllm.model_executor.models.transformers"
+# Architecture (the `architectures` entry of a saved config.json) -> the vLLM class that serves it.
 BACKEND_CLASSES = {
-    "VaswaniForCausalLM": "TransformersForCausalLM",
-    "VaswaniDecoderModel": "TransformersEmbeddingModel",
-    "VaswaniEncoderModel": "TransformersEmbeddingModel",
-    "VaswaniEncoderForSequenceClassification": "TransformersForSequenceClassification",
-    "VaswaniDecoderForSequenceClassification": "TransformersForSequenceClassification",
+    "VaswaniForCausalLM": f"{BACKEND}:TransformersForCausalLM",
+    "VaswaniDecoderModel": f"{BACKEND}:TransformersEmbeddingModel",
+    "VaswaniEncoderModel": f"{BACKEND}:TransformersEmbeddingModel",
+    # The stock classifier cannot load vaswani's `score` head (see vaswani/vllm_models.py).
+    "VaswaniEncoderForSequenceClassification": "vaswani.vllm_models:VaswaniTransformersForSequenceClassification",
+    "VaswaniDecoderForSequenceClassification": "vaswani.vllm_models:VaswaniTransformersForSequenceClassification",
 }
 
 
@@ -29,4 +32,4 @@ def register() -> None:
     import vaswani  # noqa: F401  (registers AutoConfig / AutoModel* for every vaswani model type)
 
     for architecture, backend_class in BACKEND_CLASSES.items():
-        ModelRegistry.register_model(architecture, f"vllm.model_executor.models.transformers:{backend_class}")
+        ModelRegistry.register_model(architecture, backend_class)

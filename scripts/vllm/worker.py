@@ -12,6 +12,7 @@ import importlib.util
 import json
 import sys
 import time
+from pathlib import Path
 
 
 def build_llm(job: dict):
@@ -27,7 +28,9 @@ def build_llm(job: dict):
         # Remote code needs the Transformers backend named; with the installed plugin the architecture is registered.
         model_impl="transformers" if job["remote_code"] else "auto",
         trust_remote_code=job["remote_code"],
-        skip_tokenizer_init=True,  # prompts come as token ids, tokenized once by the caller for both systems
+        # Prompts come as token ids, tokenized once by the caller for both systems; the folder's tokenizer is
+        # loaded anyway where there is one (vLLM's pooling front end needs it).
+        skip_tokenizer_init=not (Path(job["model"]) / "tokenizer.json").exists(),
         dtype=job.get("dtype", "float32"),
         max_model_len=job.get("max_model_len"),  # None: the config's max_position_embeddings
         max_num_seqs=job.get("max_num_seqs", 32),
