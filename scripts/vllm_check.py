@@ -143,6 +143,12 @@ def run_job(job: dict, vllm_python: str, site: Path | None, workdir: Path, log) 
     return json.loads(result_file.read_text()), output
 
 
+def last_error(output: str) -> str:
+    """The last line of a failed run that names an error: what a table row can hold."""
+    lines = [line.strip() for line in output.splitlines() if "Error" in line]
+    return (lines[-1] if lines else output.strip().splitlines()[-1] if output.strip() else "no output")[:400]
+
+
 def max_abs_diff(actual: list, expected: list) -> float:
     return max((torch.tensor(a) - torch.tensor(e)).abs().max().item() for a, e in zip(actual, expected))
 
@@ -158,7 +164,7 @@ def check_tiny(cases: dict, vllm_python: str, site: Path, workdir: Path, log) ->
             same = result is not None and result["tokens"] == case["expected"]
             ok &= same
             detail = "identical" if same else (f"DIFFER: {result['tokens']} vs {case['expected']}" if result else
-                                               "FAILED: " + output[-1500:])
+                                               "FAILED: " + last_error(output))
             rows.append(f"| decoder, {kind} | {mode} | greedy tokens (4 prompts x 16) | {detail} |")
         for kind in ("learned", "rope"):
             case = cases[f"encoder_{kind}"]
@@ -168,7 +174,7 @@ def check_tiny(cases: dict, vllm_python: str, site: Path, workdir: Path, log) ->
                 expected = case[f"expected_{pooling.lower()}"]
                 diff = max_abs_diff(result["vectors"], expected) if result else float("inf")
                 ok &= diff <= TOLERANCE
-                detail = f"max abs diff {diff:.1e}" if result else "FAILED: " + output[-1500:]
+                detail = f"max abs diff {diff:.1e}" if result else "FAILED: " + last_error(output)
                 rows.append(f"| encoder, {kind} | {mode} | embeddings, {pooling} pooling, normalized | {detail} |")
         case = cases["classifier_learned"]
         job = dict(task="classify", model=case["path"], remote_code=remote, prompts=case["prompts"])
@@ -178,11 +184,11 @@ def check_tiny(cases: dict, vllm_python: str, site: Path, workdir: Path, log) ->
             refused = result is None and "no module or parameter named 'score'" in output
             ok &= refused
             detail = ("refused at load, as expected (vLLM's stock classifier has no `score`; use the installed "
-                      "plugin)" if refused else "UNEXPECTED: " + (json.dumps(result) if result else output[-800:]))
+                      "plugin)" if refused else "UNEXPECTED: " + (json.dumps(result) if result else last_error(output)))
         else:
             diff = max_abs_diff(result["probs"], case["expected"]) if result else float("inf")
             ok &= diff <= TOLERANCE
-            detail = f"max abs diff {diff:.1e}" if result else "FAILED: " + output[-1500:]
+            detail = f"max abs diff {diff:.1e}" if result else "FAILED: " + last_error(output)
         rows.append(f"| encoder classifier, learned | {mode} | class probabilities | {detail} |")
         for name in [f"decoder_{kind}" for kind in SCORE_BIAS] + ["encoder_alibi"]:
             job = dict(task="load", model=cases[name]["path"], remote_code=remote, prompts=[])
@@ -191,7 +197,7 @@ def check_tiny(cases: dict, vllm_python: str, site: Path, workdir: Path, log) ->
             ok &= refused
             line = next((line for line in output.splitlines() if "adds a bias to the attention scores" in line), "")
             message = line[line.find("ValueError"):] if "ValueError" in line else line.strip()
-            detail = f"refused at load: `{message}`" if refused else "NOT REFUSED: " + output[-800:]
+            detail = f"refused at load: `{message}`" if refused else "NOT REFUSED: " + (json.dumps(result) if result else last_error(output))
             rows.append(f"| {name.replace('_', ', ', 1)} | {mode} | load | {detail} |")
     return rows, ok
 
@@ -210,10 +216,11 @@ def chat_prompts(folder: Path) -> list[list[int]]:
         "What does a compiler do?",
         "Name a famous physicist and one discovery.",
     ]
-    return [
-        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
         for q in questions
     ]
+    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
 
 
 def pytorch_throughput(folder: str, prompts_file: str, concurrency: list[int], max_tokens: int) -> list[dict]:
@@ -261,7 +268,7 @@ def check_smollm(folder: Path, vllm_python: str, site: Path, workdir: Path, log,
         ok &= same
         mode = "remote code" if remote else "installed"
         if result is None:
-            detail = "FAILED: " + output[-1500:]
+            detail = "FAILED: " + last_error(output)
         else:
             agree = [sum(1 for _ in iter_prefix(a, e)) for a, e in zip(result["tokens"], expected)]
             detail = "identical" if same else f"DIFFER (tokens agreeing before the first difference: {agree})"
