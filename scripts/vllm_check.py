@@ -6,7 +6,7 @@
 What it checks, each vLLM run in its own process (scripts/vllm/worker.py), both as remote code (vaswani not
 importable in that process, `trust_remote_code=True`) and through the installed package (its vLLM plugin, no
 remote code):
-- tiny decoders with rope / learned / sinusoidal / none positions: vLLM's greedy tokens == vaswani `generate`;
+- tiny decoders with rope / learned / sinusoidal / none positions: vLLM's greedy tokens == vaswani's greedy decoding;
 - tiny encoders: vLLM's embeddings (CLS and mean pooling, normalized) and class probabilities == vaswani's;
 - alibi / relative_bias: vLLM refuses to load them with vaswani's error naming the servable position types;
 - a converted SmolLM2-135M-Instruct (optional, `--smollm`): greedy tokens on chat prompts, and output tokens/s of
@@ -51,14 +51,18 @@ def tiny_prompts(count: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
 
 
 def vaswani_greedy(model, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """vaswani's own `generate`, one prompt at a time (no padding), exactly max_tokens new tokens."""
+    """vaswani's PyTorch model decoding greedily, one prompt at a time (no padding), with its own KV cache: the
+    argmax at every step, end-of-sequence included, as vLLM with `ignore_eos` (generate's `min_new_tokens` would
+    instead ban EOS and pick the runner-up)."""
     out = []
     with torch.no_grad():
         for ids in prompts:
-            sequence = model.generate(
-                torch.tensor([ids]), max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False
-            )
-            out.append(sequence[0, len(ids) :].tolist())
+            step = model(torch.tensor([ids]), use_cache=True)
+            tokens = []
+            for _ in range(max_tokens):
+                tokens.append(int(step.logits[0, -1].argmax()))
+                step = model(torch.tensor([tokens[-1:]]), past_key_values=step.past_key_values, use_cache=True)
+            out.append(tokens)
     return out
 
 
@@ -253,13 +257,13 @@ def pytorch_throughput(folder: str, prompts_file: str, concurrency: list[int], m
     return rounds
 
 
-def check_smollm(folder: Path, vllm_python: str, site: Path, workdir: Path, log, concurrency, max_tokens):
+def check_smollm(folder: Path, vllm_python: str, site: Path, workdir: Path, log, concurrency, max_tokens,
+                 throughput: bool = True):
     from vaswani import VaswaniForCausalLM
 
     prompts = chat_prompts(folder)
     model = VaswaniForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
     expected = vaswani_greedy(model, prompts[:4], 32)
-    del model
     rows, ok = [], True
     for remote in (True, False):
         job = dict(task="generate", model=folder, remote_code=remote, prompts=prompts[:4], max_tokens=32)
@@ -271,9 +275,15 @@ def check_smollm(folder: Path, vllm_python: str, site: Path, workdir: Path, log,
             detail = "FAILED: " + last_error(output)
         else:
             agree = [sum(1 for _ in iter_prefix(a, e)) for a, e in zip(result["tokens"], expected)]
-            detail = "identical" if same else f"DIFFER (tokens agreeing before the first difference: {agree})"
+            detail = "identical" if same else (
+                f"DIFFER (tokens agreeing before the first difference: {agree}): "
+                + "; ".join(divergence_margins(model, prompts[:4], expected, result["tokens"]))
+            )
         rows.append(f"| SmolLM2-135M-Instruct (vaswani, rope) | {mode} | greedy tokens (4 chat prompts x 32) | {detail} |")
 
+    del model
+    if not throughput:
+        return rows, ok, None
     prompts_file = workdir / "prompts.json"
     prompts_file.write_text(json.dumps(prompts))
     job = dict(task="throughput", model=folder, remote_code=False, prompts=prompts, max_tokens=max_tokens,
@@ -292,6 +302,26 @@ def check_smollm(folder: Path, vllm_python: str, site: Path, workdir: Path, log,
     if torch_rounds is None:
         log(process.stderr[-3000:])
     return rows, ok, (vllm_result, torch_rounds)
+
+
+def divergence_margins(model, prompts, expected, actual) -> list[str]:
+    """Where vLLM's greedy tokens leave vaswani's: vaswani's logit for its own token minus its logit for vLLM's, at
+    the first differing position. A margin near zero is a near-tie that different fp32 kernels may break either way;
+    a large one would be a real disagreement."""
+    notes = []
+    with torch.no_grad():
+        for index, (ids, mine, theirs) in enumerate(zip(prompts, expected, actual)):
+            agree = sum(1 for _ in iter_prefix(mine, theirs))
+            if agree == len(mine):
+                continue
+            logits = model(torch.tensor([ids + mine[:agree]])).logits[0, -1]
+            top2 = logits.topk(2).values
+            notes.append(
+                f"prompt {index}: first difference at new token {agree}; vaswani's logit margin between its token "
+                f"and vLLM's {(logits[mine[agree]] - logits[theirs[agree]]).item():.2e} (its top-2 gap "
+                f"{(top2[0] - top2[1]).item():.2e})"
+            )
+    return notes
 
 
 def iter_prefix(a, b):
@@ -329,7 +359,8 @@ def main() -> int:
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "results" / "vllm_cpu.md")
-    parser.add_argument("--skip-tiny", action="store_true")
+    parser.add_argument("--skip-tiny", action="store_true", help="only the SmolLM2 checks")
+    parser.add_argument("--skip-throughput", action="store_true", help="SmolLM2: tokens only, no throughput")
     args = parser.parse_args()
     torch.set_num_threads(1)
     lines: list[str] = []
@@ -351,7 +382,8 @@ def main() -> int:
         if args.smollm:
             concurrency = [int(c) for c in args.concurrency.split(",")]
             smol_rows, smol_ok, throughput = check_smollm(
-                args.smollm, args.vllm_python, site, workdir, log, concurrency, args.max_tokens
+                args.smollm, args.vllm_python, site, workdir, log, concurrency, args.max_tokens,
+                throughput=not args.skip_throughput,
             )
             rows += smol_rows
             ok &= smol_ok
