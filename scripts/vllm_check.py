@@ -40,6 +40,11 @@ TINY = dict(
     pad_token_id=0,
 )
 SERVABLE = ("rope", "learned", "sinusoidal", "none")
+
+
+class SkipCase(Exception):
+    """A case left out by --only."""
+
 SCORE_BIAS = ("alibi", "relative_bias")
 TOLERANCE = 1e-4
 
@@ -125,8 +130,13 @@ def install_site(folder: Path, vllm_python: str) -> Path:
     return site
 
 
+ONLY: str | None = None  # --only: run the tiny cases whose folder name contains this, skip the rest
+
+
 def run_job(job: dict, vllm_python: str, site: Path | None, workdir: Path, log) -> tuple[dict | None, str]:
     """One vLLM process; returns (result or None, its log)."""
+    if ONLY and ONLY not in Path(job["model"]).name and "smol" not in str(job["model"]):
+        raise SkipCase
     job_file, result_file = workdir / "job.json", workdir / "result.json"
     result_file.unlink(missing_ok=True)
     job_file.write_text(json.dumps({**job, "model": str(job["model"])}))
@@ -160,50 +170,72 @@ def max_abs_diff(actual: list, expected: list) -> float:
 def check_tiny(cases: dict, vllm_python: str, site: Path, workdir: Path, log) -> tuple[list[str], bool]:
     rows, ok = [], True
     for mode in ("remote code", "installed"):
-        remote = mode == "remote code"
-        for kind in SERVABLE:
+        for case in tiny_case_runners(cases, mode == "remote code"):
+            try:
+                row, case_ok = case(vllm_python, site, workdir, log)
+            except SkipCase:
+                continue
+            rows.append(row)
+            ok &= case_ok
+    return rows, ok
+
+
+def tiny_case_runners(cases: dict, remote: bool):
+    """One callable per tiny check: (vllm_python, site, workdir, log) -> (table row, passed)."""
+    mode = "remote code" if remote else "installed"
+
+    def generate(kind):
+        def run(vllm_python, site, workdir, log):
             case = cases[f"decoder_{kind}"]
             job = dict(task="generate", model=case["path"], remote_code=remote, prompts=case["prompts"], max_tokens=16)
             result, output = run_job(job, vllm_python, site, workdir, log)
             same = result is not None and result["tokens"] == case["expected"]
-            ok &= same
             detail = "identical" if same else (f"DIFFER: {result['tokens']} vs {case['expected']}" if result else
                                                "FAILED: " + last_error(output))
-            rows.append(f"| decoder, {kind} | {mode} | greedy tokens (4 prompts x 16) | {detail} |")
-        for kind in ("learned", "rope"):
+            return f"| decoder, {kind} | {mode} | greedy tokens (4 prompts x 16) | {detail} |", same
+        return run
+
+    def embed(kind, pooling):
+        def run(vllm_python, site, workdir, log):
             case = cases[f"encoder_{kind}"]
-            for pooling in ("CLS", "MEAN"):
-                job = dict(task="embed", model=case["path"], remote_code=remote, prompts=case["prompts"], pooling=pooling)
-                result, output = run_job(job, vllm_python, site, workdir, log)
-                expected = case[f"expected_{pooling.lower()}"]
-                diff = max_abs_diff(result["vectors"], expected) if result else float("inf")
-                ok &= diff <= TOLERANCE
-                detail = f"max abs diff {diff:.1e}" if result else "FAILED: " + last_error(output)
-                rows.append(f"| encoder, {kind} | {mode} | embeddings, {pooling} pooling, normalized | {detail} |")
+            job = dict(task="embed", model=case["path"], remote_code=remote, prompts=case["prompts"], pooling=pooling)
+            result, output = run_job(job, vllm_python, site, workdir, log)
+            diff = max_abs_diff(result["vectors"], case[f"expected_{pooling.lower()}"]) if result else float("inf")
+            detail = f"max abs diff {diff:.1e}" if result else "FAILED: " + last_error(output)
+            return f"| encoder, {kind} | {mode} | embeddings, {pooling} pooling, normalized | {detail} |", diff <= TOLERANCE
+        return run
+
+    def classify(vllm_python, site, workdir, log):
         case = cases["classifier_learned"]
         job = dict(task="classify", model=case["path"], remote_code=remote, prompts=case["prompts"])
         result, output = run_job(job, vllm_python, site, workdir, log)
         if remote:
             # vLLM's stock classifier has no place for vaswani's `score` head; vaswani's plugin class loads it.
-            refused = result is None and "no module or parameter named 'score'" in output
-            ok &= refused
+            passed = result is None and "no module or parameter named 'score'" in output
             detail = ("refused at load, as expected (vLLM's stock classifier has no `score`; use the installed "
-                      "plugin)" if refused else "UNEXPECTED: " + (json.dumps(result) if result else last_error(output)))
+                      "plugin)" if passed else "UNEXPECTED: " + (json.dumps(result) if result else last_error(output)))
         else:
             diff = max_abs_diff(result["probs"], case["expected"]) if result else float("inf")
-            ok &= diff <= TOLERANCE
+            passed = diff <= TOLERANCE
             detail = f"max abs diff {diff:.1e}" if result else "FAILED: " + last_error(output)
-        rows.append(f"| encoder classifier, learned | {mode} | class probabilities | {detail} |")
-        for name in [f"decoder_{kind}" for kind in SCORE_BIAS] + ["encoder_alibi"]:
+        return f"| encoder classifier, learned | {mode} | class probabilities | {detail} |", passed
+
+    def refuse(name):
+        def run(vllm_python, site, workdir, log):
             job = dict(task="load", model=cases[name]["path"], remote_code=remote, prompts=[])
             result, output = run_job(job, vllm_python, site, workdir, log)
             refused = result is None and "adds a bias to the attention scores" in output
-            ok &= refused
             line = next((line for line in output.splitlines() if "adds a bias to the attention scores" in line), "")
             message = line[line.find("ValueError"):] if "ValueError" in line else line.strip()
-            detail = f"refused at load: `{message}`" if refused else "NOT REFUSED: " + (json.dumps(result) if result else last_error(output))
-            rows.append(f"| {name.replace('_', ', ', 1)} | {mode} | load | {detail} |")
-    return rows, ok
+            detail = f"refused at load: `{message}`" if refused else "NOT REFUSED: " + (
+                json.dumps(result) if result else last_error(output))
+            return f"| {name.replace('_', ', ', 1)} | {mode} | load | {detail} |", refused
+        return run
+
+    yield from (generate(kind) for kind in SERVABLE)
+    yield from (embed(kind, pooling) for kind in ("learned", "rope") for pooling in ("CLS", "MEAN"))
+    yield classify
+    yield from (refuse(name) for name in [f"decoder_{kind}" for kind in SCORE_BIAS] + ["encoder_alibi"])
 
 
 def chat_prompts(folder: Path) -> list[list[int]]:
@@ -360,8 +392,11 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "results" / "vllm_cpu.md")
     parser.add_argument("--skip-tiny", action="store_true", help="only the SmolLM2 checks")
+    parser.add_argument("--only", help="run only the tiny cases whose folder name contains this (e.g. classifier)")
     parser.add_argument("--skip-throughput", action="store_true", help="SmolLM2: tokens only, no throughput")
     args = parser.parse_args()
+    global ONLY
+    ONLY = args.only
     torch.set_num_threads(1)
     lines: list[str] = []
     log = lambda text: (print(text, flush=True), lines.append(text))  # noqa: E731
