@@ -112,8 +112,10 @@ def test_auto_model_for_sequence_classification_round_trip(tmp_path, input_ids):
 def test_saved_folder_carries_its_code_and_an_auto_map(saved_llama):
     _, folder = saved_llama
     config = json.loads((folder / "config.json").read_text())
+    # AutoModel too: engines that wrap the base model (vLLM's Transformers backend) build it from remote code.
     assert config["auto_map"] == {
         "AutoConfig": "configuration.VaswaniDecoderConfig",
+        "AutoModel": "decoder.VaswaniDecoderModel",
         "AutoModelForCausalLM": "decoder.VaswaniForCausalLM",
     }
     source = Path(vaswani.__file__).parent / "modeling"

@@ -16,7 +16,6 @@ from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, CausalLMOutputWithPast
-from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import can_return_tuple
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
@@ -28,6 +27,7 @@ from .pretrained import (
     check_inputs,
     check_positions,
     default_position_ids,
+    slice_logits_to_keep,
 )
 
 

@@ -39,6 +39,13 @@ class VaswaniForSequenceClassification(VaswaniPreTrainedModel):
         self.is_encoder = config.model_type == "vaswani_encoder"
         self.pooling = config.classifier_pooling or ("cls" if self.is_encoder else "last")
         self.model = VaswaniEncoderModel(config) if self.is_encoder else VaswaniDecoderModel(config)
+        if getattr(self.model, "pooler", None) is not None and (config._attn_implementation or "").startswith("vllm"):
+            # vLLM pools the final hidden states itself and feeds the classifier directly: BERT's pooler would be
+            # skipped and every probability wrong.
+            raise ValueError(
+                "vLLM cannot serve this classifier: it uses BERT's pooler (add_pooler=True), which vLLM's pooling "
+                "skips. Serve it with transformers or `vaswani serve`, or fine-tune a classifier with add_pooler=False."
+            )
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout
         self.dropout = nn.Dropout(dropout)
         # Decoders follow LLaMA's `score` head without bias; encoders BERT's `classifier` with one.

@@ -339,18 +339,29 @@ def eager_attention_forward(
     return output, probs
 
 
-# Backends that cannot add an arbitrary score bias (ALiBi, relative bias) before the softmax.
+# Backends that can add an arbitrary score bias (ALiBi, relative bias) before the softmax.
 BIAS_CAPABLE_BACKENDS = ("eager", "sdpa", "flex_attention")
+# Backends known to drop it: flash kernels take no bias, and vLLM's Transformers modeling backend ("vllm",
+# "vllm_mla") runs its own paged attention kernels, which compute softmax(q k^T) v and nothing else. Other
+# functions registered with `AttentionInterface` receive the bias as the `position_bias` keyword.
+BIASLESS_BACKEND_MARKERS = ("flash", "vllm")
+# What works everywhere, vLLM included: positions that act on embeddings or on queries and keys.
+BIAS_FREE_POSITION_TYPES = ("rope", "learned", "sinusoidal", "none")
 
 
 def check_backend_supports_positions(config: VaswaniConfig) -> None:
-    """Raise a clear error when the attention backend cannot apply the configured position bias."""
+    """Raise a clear error when the attention backend cannot apply the configured position bias. Called when a
+    stack is built (vLLM builds the model with its own backend, so this fails at load, before any token) and again
+    at every forward (the backend can be switched after loading)."""
     backend = config._attn_implementation
-    if config.position_embedding_type in ("alibi", "relative_bias") and backend is not None and "flash" in backend:
+    if config.position_embedding_type not in ("alibi", "relative_bias") or backend is None:
+        return
+    if any(marker in backend for marker in BIASLESS_BACKEND_MARKERS):
         raise ValueError(
             f"position_embedding_type={config.position_embedding_type!r} adds a bias to the attention scores, which "
-            f"attn_implementation={backend!r} cannot do. Load the model with attn_implementation='sdpa' (or 'eager', "
-            f"'flex_attention'), or use 'rope' positions with flash attention."
+            f"attn_implementation={backend!r} cannot do, so it would produce wrong outputs. Load the model with "
+            f"attn_implementation='sdpa' (or 'eager', 'flex_attention'). Flash attention and vLLM serve only "
+            f"position_embedding_type in {BIAS_FREE_POSITION_TYPES}."
         )
 
 

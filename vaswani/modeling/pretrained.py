@@ -15,6 +15,16 @@ from transformers.utils.import_utils import is_torchdynamo_compiling
 from transformers.utils.output_capturing import OutputRecorder
 
 from .configuration import VaswaniConfig
+
+try:
+    from transformers.modeling_utils import slice_logits_to_keep
+except ImportError:  # transformers < 5.20, which vLLM pins: the same slicing for counts and index tensors
+
+    def slice_logits_to_keep(hidden_states: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+        """The last `logits_to_keep` positions (0 keeps all), or the positions a 1D index tensor names."""
+        indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        return hidden_states[:, indices, :]
+
 from .layers import (
     AlibiPositionBias,
     SinusoidalPositionEmbedding,
@@ -68,6 +78,21 @@ class VaswaniPreTrainedModel(PreTrainedModel):
                 f"Cannot read {where}: the safetensors file is corrupt or truncated ({error}). Save or download "
                 f"the model again."
             ) from error
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' `save_pretrained`, with the base model's class in the folder's `auto_map` as `AutoModel`.
+
+        transformers writes only the saved class's own Auto entry (`AutoModelForCausalLM`, ...); engines that wrap
+        the base model, vLLM's Transformers modeling backend among them, build it with `AutoModel.from_config`, which
+        for remote code needs `auto_map["AutoModel"]`. The base class lives in the same module or one it imports, so
+        its code is in the folder too.
+        """
+        base_class = type(self.base_model)
+        if getattr(base_class, "_auto_class", None) == "AutoModel" and self._auto_class is not None:
+            auto_map = dict(getattr(self.config, "auto_map", None) or {})
+            auto_map.setdefault("AutoModel", f"{base_class.__module__.split('.')[-1]}.{base_class.__name__}")
+            self.config.auto_map = auto_map
+        return super().save_pretrained(save_directory, *args, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -130,6 +155,9 @@ class VaswaniStack(VaswaniPreTrainedModel):
 
     def __init__(self, config: VaswaniConfig, is_causal: bool, has_cross_attention: bool = False) -> None:
         super().__init__(config)
+        # Fail at build time, not at the first token, when the backend cannot take the position bias (vLLM builds
+        # the model with its own "vllm" backend).
+        check_backend_supports_positions(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
         self.embed_scale = math.sqrt(config.hidden_size) if config.embedding_scale else 1.0
         self.token_type_embeddings = (
@@ -171,6 +199,26 @@ class VaswaniStack(VaswaniPreTrainedModel):
                 plan.update({f"layers.*.{name}.{projection}_proj": "colwise" for projection in "qkv"})
                 plan[f"layers.*.{name}.o_proj"] = "rowwise"
         self._tp_plan = {**plan, **self._tp_plan}
+        if self.embeddings_pass_through():
+            # Pipeline stages after the first receive the previous stage's hidden states as `inputs_embeds`; that is
+            # only right when `embed` leaves `inputs_embeds` unchanged (vLLM's pipeline parallelism relies on it).
+            self._pp_plan = {
+                "embed_tokens": (["input_ids"], ["inputs_embeds"]),
+                "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
+                "norm": (["hidden_states"], ["hidden_states"]),
+                **(self._pp_plan or {}),
+            }
+
+    def embeddings_pass_through(self) -> bool:
+        """Whether `embed(inputs_embeds=x)` is `x` at inference: no absolute positions, embedding scale, embedding
+        norm or segment embeddings are added on the way in."""
+        config = self.config
+        return (
+            config.position_embedding_type not in ("learned", "sinusoidal")
+            and not config.embedding_scale
+            and not config.embedding_norm
+            and not config.type_vocab_size
+        )
 
     def embed(
         self,

@@ -18,13 +18,12 @@ from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
 from transformers.loss.loss_utils import ForMaskedLMLoss
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
-from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration import VaswaniSeq2SeqConfig
 from .decoder import VaswaniDecoderModel
 from .encoder import VaswaniEncoderModel
-from .pretrained import VaswaniPreTrainedModel, check_labels
+from .pretrained import VaswaniPreTrainedModel, check_labels, slice_logits_to_keep
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
