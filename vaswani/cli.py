@@ -31,13 +31,6 @@ def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
         help="convert a vaswani folder to transformers' ARCH: llama, mistral, qwen2, gpt2, bert, bart, t5, or auto "
         "(rope decoder -> llama, learned -> gpt2; encoder -> bert; seq2seq learned -> bart, relative_bias -> t5)",
     )
-    parser.add_argument(
-        "--int4-mlp-out-bits",
-        type=int,
-        choices=(4, 8),
-        help="bits of the MLP output projections (down_proj, fc2) of an int4 export: 8 keeps these most sensitive "
-        "matrices in 8 bits, like the LM head, for some size and speed",
-    )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty target folder")
     parser.set_defaults(run=_run_convert)
 
