@@ -12,7 +12,7 @@ from transformers.utils import logging
 
 from vaswani import VaswaniDecoderConfig, VaswaniForCausalLM
 from vaswani.conversion.checkpoints import convert_checkpoint
-from vaswani.modeling import configuration
+from vaswani.modeling import configuration_shared
 
 TOLERANCE = 1e-5
 VOCAB, FAR_ID = 99, 50256  # GPT2Config's default bos/eos, far outside the tiny vocabulary
@@ -42,7 +42,7 @@ def test_bos_or_eos_outside_the_vocabulary_warns_where_transformers_warns():
     for name in ("bos_token_id", "eos_token_id"):
         with CaptureLogger(logging.get_logger("transformers.configuration_utils")) as transformers_log:
             GPT2Config(vocab_size=VOCAB, **{name: VOCAB + 7}).validate()
-        with CaptureLogger(configuration.logger) as vaswani_log:
+        with CaptureLogger(configuration_shared.logger) as vaswani_log:
             config = VaswaniDecoderConfig(vocab_size=VOCAB, **{name: VOCAB + 7})
         assert f"{VOCAB + 7}" in transformers_log.out, "the oracle: transformers warns"
         assert f"{name}={VOCAB + 7}" in vaswani_log.out and "outside the vocabulary" in vaswani_log.out
