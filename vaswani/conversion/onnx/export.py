@@ -45,6 +45,7 @@ from .contract import (
     save_graph,
     write_manifest,
 )
+from .decoder_attention import fuse_decoder_attention_file
 from .formulations import LLM_OPSET, exporting_formulations, fuse_sibling_matmuls
 from .int4 import CALIBRATION_WINDOW, calibrate, calibration_windows
 from .postprocess import optimize_graph, quantization_format, quantize_graph
@@ -334,6 +335,10 @@ def export_onnx(
             if optimize:
                 say(f"Optimizing graph {spec.name!r} (ONNX Runtime, extended level)")
                 optimize_graph(staging / spec.file, device)
+            # CPU only: the CUDA MultiHeadAttention kernels were not validated with this masking.
+            if (optimize or quantization) and device == "cpu" and family == "seq2seq" and spec.name == "decoder":
+                say("Decoder attention as ONNX Runtime's MultiHeadAttention (causal and padding masks inside)")
+                fuse_decoder_attention_file(staging / spec.file)
         report = write_manifest_and_validate(quantization)
         manifest = load_manifest(staging)
         for path in staging.iterdir():
