@@ -26,7 +26,13 @@ import onnx
 from .contract import save_graph
 
 CONTRIB = "com.microsoft"
-HEAD_TRANSPOSE = [0, 2, 1, 3]  # (batch, sequence, heads, head_dim) <-> (batch, heads, sequence, head_dim)
+HEAD_TRANSPOSE = [0, 2, 1, 3]
+# The opset-23 Attention options that MultiHeadAttention has no counterpart for, at the values that leave it unchanged.
+OPTION_DEFAULTS = {
+    "is_causal": 0,
+    "qk_matmul_output_mode": 0,
+    "softcap": 0.0,
+}  # (batch, sequence, heads, head_dim) <-> (batch, heads, sequence, head_dim)
 
 
 def fuse_decoder_attention(model: onnx.ModelProto, source_mask: str = "encoder_attention_mask") -> int:
@@ -39,6 +45,7 @@ def fuse_decoder_attention(model: onnx.ModelProto, source_mask: str = "encoder_a
         for name in node.input:
             readers.setdefault(name, []).append(node)
     graph_inputs = {value.name for value in graph.input}
+    constants = {tensor.name: tensor for tensor in graph.initializer}
     key_padding = f"{source_mask}.int32"
     replacements: list[tuple[onnx.NodeProto, onnx.NodeProto]] = []
     merges: list[onnx.NodeProto] = []  # the Transpose and Reshape after each cross-attention, which its output replaces
@@ -52,7 +59,9 @@ def fuse_decoder_attention(model: onnx.ModelProto, source_mask: str = "encoder_a
         if past_key and past_value and not lengths and len(node.output) >= 3 and node.output[1] and node.output[2]:
             # Self-attention over the cache: 3-D query/key/value (batch, sequence, heads x head_dim), its mask
             # computed from shapes only (no input's values: the causal mask; there is no decoder padding input).
-            if mask and _reads_inputs(mask, producers, graph_inputs):
+            if mask and (
+                not _is_boolean_mask(mask, producers, constants) or _reads_inputs(mask, producers, graph_inputs)
+            ):
                 continue
             merge = []
             fused = onnx.helper.make_node(
@@ -72,7 +81,10 @@ def fuse_decoder_attention(model: onnx.ModelProto, source_mask: str = "encoder_a
             if flat_query is None or merge is None or len(node.output) > 1 and any(node.output[1:]):
                 continue
             flat_output = merge[-1].output[0]
-            if mask and _reads_inputs(mask, producers, graph_inputs) - {source_mask}:
+            if mask and (
+                not _is_boolean_mask(mask, producers, constants)
+                or _reads_inputs(mask, producers, graph_inputs) != {source_mask}
+            ):
                 continue
             fused = onnx.helper.make_node(
                 "MultiHeadAttention",
@@ -116,13 +128,28 @@ def fuse_decoder_attention_file(path: Path) -> int:
 
 def _plain_heads(node: onnx.NodeProto) -> int | None:
     """The head count of an `Attention` node with as many key/value heads as query heads (both recorded) and no
-    option `MultiHeadAttention` lacks, else None."""
+    option `MultiHeadAttention` lacks (options at their defaults, as ONNX Runtime's optimizer writes them, are fine),
+    else None."""
     attributes = {attribute.name: onnx.helper.get_attribute_value(attribute) for attribute in node.attribute}
-    extras = set(attributes) - {"q_num_heads", "kv_num_heads", "scale", "is_causal"}
+    options = {
+        name: value for name, value in attributes.items() if name not in ("q_num_heads", "kv_num_heads", "scale")
+    }
     heads = attributes.get("q_num_heads")
-    if extras or attributes.get("is_causal", 0) or not heads or attributes.get("kv_num_heads") != heads:
+    if any(OPTION_DEFAULTS.get(name, object()) != value for name, value in options.items()):
+        return None
+    if not heads or attributes.get("kv_num_heads") != heads:
         return None
     return heads
+
+
+def _is_boolean_mask(mask: str, producers: dict[str, onnx.NodeProto], constants: dict[str, onnx.TensorProto]) -> bool:
+    """Whether the additive `mask` is Where(condition, 0, a large negative number): a pure keep/drop mask, with no
+    bias added (a relative position bias, say) that `MultiHeadAttention`'s own masking would lose."""
+    where = producers.get(mask)
+    if where is None or where.op_type != "Where" or not all(name in constants for name in where.input[1:]):
+        return False
+    keep, drop = (onnx.numpy_helper.to_array(constants[name]) for name in where.input[1:])
+    return keep.size == 1 and drop.size == 1 and float(keep) == 0.0 and float(drop) <= -1e4
 
 
 def _reads_inputs(name: str, producers: dict[str, onnx.NodeProto], graph_inputs: set[str]) -> set[str]:
