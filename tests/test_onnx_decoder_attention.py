@@ -120,3 +120,13 @@ def test_a_biased_self_attention_mask_keeps_the_standard_op(tmp_path):
     layers = config.num_hidden_layers
     assert ops[("ai.onnx", "Attention")] == layers
     assert ops[("com.microsoft", "MultiHeadAttention")] == layers
+
+
+def test_session_options_let_idle_threads_sleep_only_when_asked():
+    from vaswani.conversion.onnx import default_session_options
+
+    sleeping = default_session_options(2, spinning=False)
+    assert sleeping.intra_op_num_threads == 2
+    assert sleeping.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    with pytest.raises(Exception, match="allow_spinning"):  # not set: ONNX Runtime's default, spinning
+        default_session_options(2).get_session_config_entry("session.intra_op.allow_spinning")

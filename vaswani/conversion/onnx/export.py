@@ -208,7 +208,9 @@ def export_onnx(
         task: a transformers pipeline task (`SUPPORTED_TASKS` per family); defaults to the model's head's task.
         dtype: "fp32" or "fp16" (fp16: half weights, KV cache and hidden states; float32 logits and softmax).
         device: where to trace and validate, "cpu" or "cuda" (validation then runs ONNX Runtime's CUDA provider).
-        optimize: save the graphs after ONNX Runtime's extended graph optimizations (fusions).
+        optimize: save the graphs after ONNX Runtime's extended graph optimizations (fusions). For
+            text2text-generation on the CPU, this and `quantize` also run the decoder's attention as ONNX Runtime's
+            MultiHeadAttention, masks inside (`decoder_attention.py`).
         quantize: "int8" or "int4": weight-only block-wise quantization of every weight MatMul, the LM head included
             (in 8 bits), run by ONNX Runtime's MatMulNBits (CPU, from fp32). The fp32 graph is validated before it is
             quantized. int8 keeps perplexity within 1% of fp32 on trained models; int4 trades more (docs/deployment.md).
