@@ -26,13 +26,9 @@ import onnx
 from .contract import save_graph
 
 CONTRIB = "com.microsoft"
-HEAD_TRANSPOSE = [0, 2, 1, 3]
+HEAD_TRANSPOSE = [0, 2, 1, 3]  # (batch, sequence, heads, head_dim) <-> (batch, heads, sequence, head_dim)
 # The opset-23 Attention options that MultiHeadAttention has no counterpart for, at the values that leave it unchanged.
-OPTION_DEFAULTS = {
-    "is_causal": 0,
-    "qk_matmul_output_mode": 0,
-    "softcap": 0.0,
-}  # (batch, sequence, heads, head_dim) <-> (batch, heads, sequence, head_dim)
+OPTION_DEFAULTS = {"is_causal": 0, "qk_matmul_output_mode": 0, "softcap": 0.0}
 
 
 def fuse_decoder_attention(model: onnx.ModelProto, source_mask: str = "encoder_attention_mask") -> int:
@@ -57,10 +53,14 @@ def fuse_decoder_attention(model: onnx.ModelProto, source_mask: str = "encoder_a
         query, key, value, mask, past_key, past_value, lengths = inputs[:7]
         scale = [attribute for attribute in node.attribute if attribute.name == "scale"]
         if past_key and past_value and not lengths and len(node.output) >= 3 and node.output[1] and node.output[2]:
-            # Self-attention over the cache: 3-D query/key/value (batch, sequence, heads x head_dim), its mask
-            # computed from shapes only (no input's values: the causal mask; there is no decoder padding input).
-            if mask and (
-                not _is_boolean_mask(mask, producers, constants) or _reads_inputs(mask, producers, graph_inputs)
+            # Self-attention over the cache: 3-D query/key/value (batch, sequence, heads x head_dim), not split into
+            # heads, and a keep/drop mask computed from shapes only (no input's values: the causal mask; the decoder
+            # graph has no padding input).
+            if (
+                not mask
+                or any(_unheaded(name, producers) is not None for name in (query, key, value))
+                or not _is_boolean_mask(mask, producers, constants)
+                or _reads_inputs(mask, producers, graph_inputs)
             ):
                 continue
             merge = []
