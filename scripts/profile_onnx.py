@@ -2,8 +2,10 @@
 
     python scripts/profile_onnx.py exported-folder                 # 64 greedy tokens after a 42-token prompt
     python scripts/profile_onnx.py exported-folder --new-tokens 16 --threads 2 --top 15
+    python scripts/profile_onnx.py seq2seq-folder --prompt 32      # an encoder-decoder: its decoder graph's steps
 
-Prints, for the decode steps only (the prompt's prefill is the first run and is left out), each operator type's
+Prints, for the decode steps only (the prompt's prefill, or an encoder-decoder's first decoder step, is
+the first run and is left out), each operator type's
 share of the time spent inside graph nodes, its microseconds per step, and how much of each step is spent outside
 the nodes (session.run overhead, feeds and fetches, the Python loop).
 """
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from vaswani.conversion import OrtModelForCausalLM
+from vaswani.conversion import OrtModelForCausalLM, OrtModelForSeq2SeqLM
 from vaswani.conversion.onnx import default_session_options
 
 
@@ -33,13 +35,15 @@ def main() -> None:
     options = default_session_options(args.threads)
     options.enable_profiling = True
     options.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ort")
-    model = OrtModelForCausalLM.from_pretrained(args.folder, session_options=options)
+    seq2seq = json.loads((args.folder / "manifest.json").read_text())["task"] == "text2text-generation"
+    model_class = OrtModelForSeq2SeqLM if seq2seq else OrtModelForCausalLM
+    model = model_class.from_pretrained(args.folder, session_options=options)
     prompt = torch.randint(3, model.config.vocab_size, (1, args.prompt), generator=torch.Generator().manual_seed(0))
     kwargs = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
     start = time.perf_counter()
     model.generate(prompt, **kwargs)
     wall = time.perf_counter() - start
-    trace = json.loads(Path(model.graphs["model"].session.end_profiling()).read_text())
+    trace = json.loads(Path(model.graphs[model.decoding_graph].session.end_profiling()).read_text())
 
     runs = [event for event in trace if event.get("name") == "model_run"]
     decode_runs = runs[1:]  # the first run is the prompt's prefill

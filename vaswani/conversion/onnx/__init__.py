@@ -13,6 +13,8 @@ Where things are, in the order an export runs through them:
   Attention/RotaryEmbedding ops at `LLM_OPSET`).
 - `export.py`: `export_onnx`, tracing with `torch.onnx.export(dynamo=True)`, opsets, the folder written.
 - `postprocess.py`: ONNX Runtime's offline optimizations and weight-only block-wise quantization (8 and 4 bits).
+- `decoder_attention.py`: an encoder-decoder's decoder attention as ONNX Runtime's `MultiHeadAttention` (masks
+  inside, no reshapes), in quantized and `optimize` CPU exports.
 - `validation.py`: `validate_onnx_export`, the `ValidationReport` table and its tolerances.
 - `session.py`: one graph in an ONNX Runtime session (`OrtGraph`), input checks, IO binding.
 - `runtime.py`: `OrtModel` and the encoder-type classes (feature extraction, fill-mask, classification).

@@ -45,6 +45,7 @@ from .contract import (
     save_graph,
     write_manifest,
 )
+from .decoder_attention import fuse_decoder_attention_file
 from .formulations import LLM_OPSET, exporting_formulations, fuse_sibling_matmuls
 from .int4 import CALIBRATION_WINDOW, calibrate, calibration_windows
 from .postprocess import optimize_graph, quantization_format, quantize_graph
@@ -207,7 +208,9 @@ def export_onnx(
         task: a transformers pipeline task (`SUPPORTED_TASKS` per family); defaults to the model's head's task.
         dtype: "fp32" or "fp16" (fp16: half weights, KV cache and hidden states; float32 logits and softmax).
         device: where to trace and validate, "cpu" or "cuda" (validation then runs ONNX Runtime's CUDA provider).
-        optimize: save the graphs after ONNX Runtime's extended graph optimizations (fusions).
+        optimize: save the graphs after ONNX Runtime's extended graph optimizations (fusions). For
+            text2text-generation on the CPU, this and `quantize` also run the decoder's attention as ONNX Runtime's
+            MultiHeadAttention, masks inside (`decoder_attention.py`).
         quantize: "int8" or "int4": weight-only block-wise quantization of every weight MatMul, the LM head included
             (in 8 bits), run by ONNX Runtime's MatMulNBits (CPU, from fp32). The fp32 graph is validated before it is
             quantized. int8 keeps perplexity within 1% of fp32 on trained models; int4 trades more (docs/deployment.md).
@@ -334,6 +337,10 @@ def export_onnx(
             if optimize:
                 say(f"Optimizing graph {spec.name!r} (ONNX Runtime, extended level)")
                 optimize_graph(staging / spec.file, device)
+            # CPU only: the CUDA MultiHeadAttention kernels were not validated with this masking.
+            if (optimize or quantization) and device == "cpu" and family == "seq2seq" and spec.name == "decoder":
+                say("Decoder attention as ONNX Runtime's MultiHeadAttention (causal and padding masks inside)")
+                fuse_decoder_attention_file(staging / spec.file)
         report = write_manifest_and_validate(quantization)
         manifest = load_manifest(staging)
         for path in staging.iterdir():

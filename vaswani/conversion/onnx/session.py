@@ -22,13 +22,21 @@ TENSOR_DTYPES = {
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
 
-def default_session_options(num_threads: int | None = None) -> ort.SessionOptions:
+def default_session_options(num_threads: int | None = None, spinning: bool = True) -> ort.SessionOptions:
     """The session options every model uses unless given others: all graph optimizations, and as many intra-op
-    threads as this process may use cores (`num_threads` to override, e.g. 1 on a machine shared with others)."""
+    threads as this process may use cores (`num_threads` to override, e.g. 1 on a machine shared with others).
+
+    `spinning=False` makes idle intra-op threads sleep instead of busy-waiting for the next node. Spinning saves a
+    wake-up per node on an idle machine; on cores shared with other busy processes the spinning threads take the
+    time the working one needs (measured: 3-5x slower int8 decode steps of a BART-sized decoder at 2 threads on a
+    2-vCPU VM under load, docs/results/benchmark_engines_seq2seq_cpu.md).
+    """
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = num_threads or len(os.sched_getaffinity(0))
     options.log_severity_level = 3  # errors only: node-placement notes on CUDA are expected and harmless
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
 
 
