@@ -54,7 +54,9 @@ def load(folders, name: str) -> OrtModelForCausalLM:
 
 def attention_ops(folder) -> list[str]:
     graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
-    return [node.op_type for node in graph.node if node.op_type in ("GroupQueryAttention", "Attention", "RotaryEmbedding")]
+    return [
+        node.op_type for node in graph.node if node.op_type in ("GroupQueryAttention", "Attention", "RotaryEmbedding")
+    ]
 
 
 @pytest.mark.parametrize("name", ["gqa-fp32", "gqa-int8"])
