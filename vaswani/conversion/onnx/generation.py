@@ -28,7 +28,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderD
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast, Seq2SeqLMOutput
 
 from .lean_steps import apply_processors, greedy_tokens, lean_logits_processors
-from .ort_llm import GqaDecoder, gqa_sample, is_gqa_form
+from .ort_llm import GqaDecoder, gqa_sample, is_gqa_form, positions_follow_mask
 from .runtime import OrtModel, check_unsupported_arguments
 from .session import TENSOR_DTYPES, OrtGraph
 
@@ -207,20 +207,20 @@ class OrtModelForGeneration(OrtModel, GenerationMixin):
             and model_kwargs.get("inputs_embeds") is None
         ):
             if getattr(self, "gqa", None) is not None:
-                if model_kwargs.get("position_ids") is None:
-                    done = gqa_sample(
-                        self.gqa,
-                        input_ids,
-                        model_kwargs.get("attention_mask"),
-                        logits_processor,
-                        stopping_criteria,
-                        generation_config,
-                        lean_logits_processors,
-                        apply_processors,
-                        greedy_tokens,
-                    )
-                    if done is not None:
-                        return done
+                done = gqa_sample(
+                    self.gqa,
+                    input_ids,
+                    model_kwargs.get("attention_mask"),
+                    model_kwargs.get("position_ids"),
+                    logits_processor,
+                    stopping_criteria,
+                    generation_config,
+                    lean_logits_processors,
+                    apply_processors,
+                    greedy_tokens,
+                )
+                if done is not None:
+                    return done
             else:
                 start = self.fast_loop_inputs(input_ids, model_kwargs)
         if start is None:
@@ -356,14 +356,11 @@ class OrtModelForCausalLM(OrtModelForGeneration):
                 f"attention_mask has shape {tuple(mask.shape)}, but the input needs (batch, past_sequence + sequence) "
                 f"= {(batch, total)}: one entry per cached and new token, 1 to attend and 0 for padding."
             )
-        if position_ids is not None:
-            expected = (mask.cumsum(-1) - 1)[:, -length:]
-            real = mask[:, -length:].bool()
-            if not torch.equal(torch.as_tensor(position_ids)[real], expected[real]):
-                raise ValueError(
-                    "This export (GroupQueryAttention form) takes positions from attention_mask (each token's count "
-                    "of attended tokens before it); pass no position_ids, or export with --attention portable."
-                )
+        if not positions_follow_mask(position_ids, mask, input_ids.shape):
+            raise ValueError(
+                "This export (GroupQueryAttention form) takes positions from attention_mask (each token's count "
+                "of attended tokens before it); pass no position_ids, or export with --attention portable."
+            )
         positions = logits_positions(logits_to_keep, length)
         logits, present = self.gqa.step_hf(input_ids, mask, past if past[0].shape[2] else None, positions)
         if use_cache:

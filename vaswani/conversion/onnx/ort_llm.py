@@ -96,10 +96,32 @@ def rewrite_decoder_attention(
         except GqaRewriteError as error:
             refusal = str(error)
         else:
-            say(f"Rewrote {layers} attention layers into ONNX Runtime's GroupQueryAttention (in-place KV buffer)")
+            fused = fuse_residual_norms(path)
+            say(
+                f"Rewrote {layers} attention layers into ONNX Runtime's GroupQueryAttention (in-place KV buffer)"
+                + (f", fused {fused} residual Add + RMSNorm pairs" if fused else "")
+            )
             return {"attention_form": FORM_GQA}
     say(f"Keeping the portable attention graph: no GroupQueryAttention form for {refusal}")
     return {"attention_form": FORM_PORTABLE, "attention_form_note": f"portable: {refusal}"}
+
+
+def fuse_residual_norms(path: Path) -> int:
+    """`postprocess.fuse_skip_norms` on the saved graph unless done already (quantization does it): the form is
+    ONNX Runtime-only anyway, and each fused pair is one dispatch fewer per layer and step."""
+    import onnx
+
+    from .contract import save_graph
+    from .postprocess import fuse_skip_norms, value_shapes
+
+    if any(node.op_type.startswith("Skip") for node in onnx.load(str(path), load_external_data=False).graph.node):
+        return 0
+    model = onnx.load(str(path), load_external_data=True)
+    fused = fuse_skip_norms(model, value_shapes(model))
+    if fused:
+        Path(f"{path}.data").unlink()  # every weight is in memory; the file is written anew
+        save_graph(model, path)
+    return fused
 
 
 def rope_tables(model: PreTrainedModel) -> tuple[np.ndarray, np.ndarray]:
@@ -446,6 +468,18 @@ class GqaDecoder:
 _NUMPY = {torch.float32: np.float32, torch.int64: np.int64, torch.int32: np.int32}
 
 
+def positions_follow_mask(position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, shape) -> bool:
+    """Whether `position_ids` (None, or those of the last `shape[1]` tokens) are each real token's count of attended
+    tokens before it, which is what the GroupQueryAttention form rotates by (generate passes exactly those)."""
+    if position_ids is None:
+        return True
+    batch, length = shape
+    mask = torch.ones(batch, length, dtype=torch.long) if attention_mask is None else torch.as_tensor(attention_mask)
+    expected = (mask.cumsum(-1) - 1)[:, -length:]
+    real = mask[:, -length:].bool()
+    return torch.equal(torch.as_tensor(position_ids).expand(batch, -1)[real], expected[real])
+
+
 class _NotLeftPaddedError(Exception):
     """The prompt's last column holds padding: the lean loop hands the call to transformers' loop."""
 
@@ -508,6 +542,7 @@ def gqa_sample(
     decoder: GqaDecoder,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
     logits_processor,
     stopping_criteria,
     generation_config,
@@ -518,8 +553,10 @@ def gqa_sample(
     """The lean greedy/sampling loop (`OrtModelForGeneration._sample`) on a GroupQueryAttention-form graph: the same
     processors, stopping criteria and random draws, one preallocated buffer per cache tensor for the whole call, and
     per step only the token, two lengths and the run. Returns None when the prompt is not left-padded (its last
-    column is padding): transformers' loop then runs it through `forward`."""
+    column is padding) or `position_ids` are not the mask's: transformers' loop then runs it through `forward`."""
     batch = input_ids.shape[0]
+    if not positions_follow_mask(position_ids, attention_mask, input_ids.shape):
+        return None  # other positions than the mask's: `forward` says why it cannot run them
     try:
         next_logits, state = decoder.start(input_ids, attention_mask, generation_config.max_length)
     except _NotLeftPaddedError:
