@@ -117,6 +117,14 @@ def test_greedy_tokens_match_pytorch_generate(folders, model, lengths, loop, mon
     assert torch.equal(ort_model.generate(ids, **options), expected)
 
 
+def test_beam_search_through_forward_matches_pytorch(folders, model):
+    # Beam search is transformers' own loop: forward with the cache in transformers' layout, reordered per beam.
+    mask = padding_mask(LENGTHS, 7, "left")
+    ids = random_ids(2, 7) * mask
+    options = dict(attention_mask=mask, max_new_tokens=8, num_beams=3, do_sample=False, pad_token_id=0)
+    assert torch.equal(load(folders, "gqa-fp32").generate(ids, **options), model.generate(ids, **options))
+
+
 @pytest.mark.parametrize("lengths", [[6], LENGTHS], ids=["batch 1", "left-padded batch 2"])
 def test_int8_greedy_tokens_match_the_portable_int8_graph(folders, lengths):
     mask = padding_mask(lengths, max(lengths), "left")
