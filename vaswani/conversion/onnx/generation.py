@@ -27,8 +27,8 @@ from transformers import GenerationConfig, GenerationMixin
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast, Seq2SeqLMOutput
 
+from .gqa_runtime import GqaDecoder, gqa_sample, is_gqa_form, positions_follow_mask
 from .lean_steps import apply_processors, greedy_tokens, lean_logits_processors
-from .ort_llm import GqaDecoder, gqa_sample, is_gqa_form, positions_follow_mask
 from .runtime import OrtModel, check_unsupported_arguments
 from .session import TENSOR_DTYPES, OrtGraph
 

@@ -14,7 +14,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
 from .contract import DTYPES, PAST_PLUS_SEQUENCE, load_manifest, padded_mask, positions_from_mask
-from .ort_llm import GqaValidationRunner, is_gqa_form
+from .gqa_runtime import GqaValidationRunner, is_gqa_form
 from .session import PROVIDERS
 from .tasks import cast_model, task_model
 
