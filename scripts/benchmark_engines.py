@@ -68,14 +68,19 @@ SYSTEMS = {
     "vaswani ORT fp32": ("vaswani-ort", "fp32", "vaswani-onnx-fp32"),
     # --optimize: ONNX Runtime's fusions saved in the graph (contrib ops: an ONNX Runtime-only graph).
     "vaswani ORT fp32, --optimize": ("vaswani-ort", "fp32", "vaswani-onnx-fp32-optimized"),
+    # The attention forms (`vaswani export --attention`): quantized and --optimize exports default to ONNX Runtime's
+    # GroupQueryAttention form (in-place KV buffer), plain fp32 to the portable opset-23 graph; each also the other way.
+    "vaswani ORT fp32, GQA": ("vaswani-ort", "fp32", "vaswani-onnx-fp32-gqa"),
     "onnxruntime-genai fp32": ("ortgenai", "fp32", "ortgenai-fp32"),
     "CTranslate2 fp32": ("ctranslate2", "fp32", "ct2-float32"),
     "vaswani ORT int8": ("vaswani-ort", "8-bit", "vaswani-onnx-int8"),
+    "vaswani ORT int8, portable": ("vaswani-ort", "8-bit", "vaswani-onnx-int8-portable"),
     # One scale per 128 weights instead of 32: fewer bytes and scale multiplies per step (seq2seq rows).
     "vaswani ORT int8, --block-size 128": ("vaswani-ort", "8-bit", "vaswani-onnx-int8-block128"),
     "onnxruntime-genai int8": ("ortgenai", "8-bit", "ortgenai-int8"),
     "CTranslate2 int8": ("ctranslate2", "8-bit", "ct2-int8"),
     "vaswani ORT int4": ("vaswani-ort", "4-bit", "vaswani-onnx-int4"),
+    "vaswani ORT int4, portable": ("vaswani-ort", "4-bit", "vaswani-onnx-int4-portable"),
     "onnxruntime-genai int4": ("ortgenai", "4-bit", "ortgenai-int4"),
     "llama.cpp Q4_1": ("llamacpp", "4-bit", "gguf"),
 }
@@ -170,6 +175,9 @@ def build(recipe: str, args: argparse.Namespace, times: dict) -> Path:
     elif recipe.startswith("vaswani-onnx-"):
         source = build("vaswani", args, times)
         precision = recipe.removeprefix("vaswani-onnx-")
+        precision, _, attention = precision.partition("-") if precision.endswith(("-gqa", "-portable")) else (
+            precision, "", ""
+        )
         command = [
             vaswani_cli,
             "export",
@@ -186,6 +194,7 @@ def build(recipe: str, args: argparse.Namespace, times: dict) -> Path:
         elif precision != "fp32":  # int8, int4, or e.g. int8-block128
             quantize, _, block = precision.partition("-block")
             command += ["--quantize", quantize, *(["--block-size", block] if block else [])]
+        command += ["--attention", attention] if attention else []
         command += ["--tolerance", str(args.tolerance)] if args.tolerance and precision.startswith("fp32") else []
     elif recipe.startswith("ortgenai-"):
         python = engine_python("ortgenai", args)

@@ -98,6 +98,14 @@ def _add_export_parser(subparsers: argparse._SubParsersAction) -> None:
         help="bits of the MLP output projections (down_proj, fc2) of an int4 export: 8 keeps these most sensitive "
         "matrices in 8 bits, like the LM head, for some size and speed",
     )
+    parser.add_argument(
+        "--attention",
+        choices=("auto", "gqa", "portable"),
+        default="auto",
+        help="decoders' attention graph: gqa (ONNX Runtime's fused GroupQueryAttention with rotary and an in-place KV "
+        "buffer, fastest on CPU), portable (opset-23 Attention + RotaryEmbedding, any runtime), or auto (default: gqa "
+        "for --quantize and --optimize exports where it applies, else portable)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
     parser.add_argument(
         "--tolerance",
@@ -130,6 +138,7 @@ def _run_export(args: argparse.Namespace) -> int:
             accuracy_level=args.accuracy_level,
             int4_method=args.int4_method,
             int4_mlp_out_bits=args.int4_mlp_out_bits,
+            attention=args.attention,
             overwrite=args.overwrite,
             tolerance=args.tolerance,
             opset=args.opset,

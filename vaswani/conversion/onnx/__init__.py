@@ -19,6 +19,8 @@ Where things are, in the order an export runs through them:
 - `session.py`: one graph in an ONNX Runtime session (`OrtGraph`), input checks, IO binding.
 - `runtime.py`: `OrtModel` and the encoder-type classes (feature extraction, fill-mask, classification).
 - `generation.py`: `OrtModelForCausalLM`, `OrtModelForSeq2SeqLM`, the lean generation loop and its KV buffers.
+- `ort_llm.py`, `gqa_runtime.py`: the ONNX Runtime-only decoder form (GroupQueryAttention with rotary inside, one
+  in-place KV buffer per cache tensor): the export's rewrite; its runtime and lean loop.
 - `lean_steps.py`: the lean loop's per-step token work (min-length processors in place, numpy argmax).
 
 Where new things go: a new quantization format in `postprocess.py` (with its tolerance in

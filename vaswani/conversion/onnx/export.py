@@ -48,6 +48,7 @@ from .contract import (
 from .decoder_attention import fuse_decoder_attention_file
 from .formulations import LLM_OPSET, exporting_formulations, fuse_sibling_matmuls
 from .int4 import CALIBRATION_WINDOW, calibrate, calibration_windows
+from .ort_llm import attention_form_plan, rewrite_decoder_attention
 from .postprocess import optimize_graph, quantization_format, quantize_graph
 from .tasks import GENERATION_TASKS, cast_model, family_of, infer_task, load_for_task, task_model
 from .validation import ValidationReport, validate_onnx_export
@@ -194,6 +195,7 @@ def export_onnx(
     int4_method: str | None = None,
     int4_mlp_out_bits: int | None = None,
     calibration_text: str | None = None,
+    attention: str = "auto",
     overwrite: bool = False,
     validate: bool = True,
     tolerance: float | None = None,
@@ -226,6 +228,10 @@ def export_onnx(
         calibration_text: the text "gptq" runs the float32 graphs on (default: the package's own corpus,
             `vaswani.data.corpus_text()`, of which the first `CALIBRATION_TOKENS` tokens are used); tokenized with
             the tokenizer copied beside the model, which calibration needs.
+        attention: a decoder's attention graph (`ort_llm.py`): "gqa", ONNX Runtime's GroupQueryAttention with rotary
+            inside and one in-place KV buffer (CPU, float32, rotary decoders; others keep the portable graph and the
+            manifest's `attention_form_note` says why); "portable", opset-23 Attention + RotaryEmbedding (any
+            runtime); "auto" (default), "gqa" for quantized and optimized exports, else "portable".
         overwrite: replace a non-empty `output_dir` (only after the new export succeeded).
         validate: compare ONNX Runtime with PyTorch on fresh shapes and raise `OnnxValidationError` past the
             tolerance (then nothing is installed). Turn off only to inspect a graph that fails.
@@ -266,6 +272,7 @@ def export_onnx(
     if opset is None and device == "cpu":
         opset = LLM_OPSET
     output_dir = Path(output_dir)
+    wants_gqa = attention_form_plan(attention, quantize, optimize)
     check_output_folder(output_dir, overwrite)
 
     source = None
@@ -290,6 +297,7 @@ def export_onnx(
     family = family_of(module.config)
     export_model = cast_model(module, DTYPES[dtype], device)
     specs = build_graph_specs(export_model, task, DTYPES[dtype])
+    form = {"attention_form": "portable"}
 
     with staged_folder(output_dir) as staging:
         for spec in specs:
@@ -311,6 +319,8 @@ def export_onnx(
             )
             if stage_quantization is not None:
                 manifest["quantization_options"] = stage_quantization.to_json()
+            if task == "text-generation":
+                manifest.update(form)
             write_manifest(staging, manifest)
             if not validate:
                 return None
@@ -334,6 +344,8 @@ def export_onnx(
                 method = f", {quantization.method}" if quantization.bits == 4 else ""
                 say(f"Quantizing graph {spec.name!r} ({quantization.name}{method}, block {quantization.block_size})")
                 quantize_graph(staging / spec.file, quantization, hessians.get(spec.name))
+            if wants_gqa and spec.name == "model":
+                form = rewrite_decoder_attention(staging / spec.file, export_model, task, dtype, device, say)
             if optimize:
                 say(f"Optimizing graph {spec.name!r} (ONNX Runtime, extended level)")
                 optimize_graph(staging / spec.file, device)

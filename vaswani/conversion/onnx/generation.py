@@ -27,6 +27,7 @@ from transformers import GenerationConfig, GenerationMixin
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast, Seq2SeqLMOutput
 
+from .gqa_runtime import GqaDecoder, gqa_sample, is_gqa_form, positions_follow_mask
 from .lean_steps import apply_processors, greedy_tokens, lean_logits_processors
 from .runtime import OrtModel, check_unsupported_arguments
 from .session import TENSOR_DTYPES, OrtGraph
@@ -205,7 +206,23 @@ class OrtModelForGeneration(OrtModel, GenerationMixin):
             and (cache is None or cache.get_seq_length() == 0)
             and model_kwargs.get("inputs_embeds") is None
         ):
-            start = self.fast_loop_inputs(input_ids, model_kwargs)
+            if getattr(self, "gqa", None) is not None:
+                done = gqa_sample(
+                    self.gqa,
+                    input_ids,
+                    model_kwargs.get("attention_mask"),
+                    model_kwargs.get("position_ids"),
+                    logits_processor,
+                    stopping_criteria,
+                    generation_config,
+                    lean_logits_processors,
+                    apply_processors,
+                    greedy_tokens,
+                )
+                if done is not None:
+                    return done
+            else:
+                start = self.fast_loop_inputs(input_ids, model_kwargs)
         if start is None:
             return super()._sample(
                 input_ids,
@@ -274,6 +291,18 @@ class OrtModelForCausalLM(OrtModelForGeneration):
 
     tasks = ("text-generation",)
     decoding_graph = "model"
+    gqa: GqaDecoder | None = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if is_gqa_form(self.manifest):
+            # The ONNX Runtime-only form (ort_llm.py): one in-place KV buffer per cache tensor, driven by lengths.
+            if self.device.type != "cpu":
+                raise ValueError(
+                    f"{self.folder} holds the CPU GroupQueryAttention form of the decoder; run it on the CPU, or export "
+                    f"with --attention portable for {self.device.type}."
+                )
+            self.gqa = GqaDecoder(self.graphs["model"].session, self.manifest, self.config.max_position_embeddings)
 
     def forward(
         self,
@@ -299,6 +328,10 @@ class OrtModelForCausalLM(OrtModelForGeneration):
             )
         input_ids = self.graphs["model"].convert("input_ids", input_ids)
         past = cache_tensors(past_key_values) or self.empty_past(input_ids.shape[0])
+        if self.gqa is not None:
+            return self.gqa_forward(
+                input_ids, attention_mask, position_ids, past_key_values, past, use_cache, return_dict, logits_to_keep
+            )
         inputs = self.decoder_inputs(input_ids, attention_mask, position_ids, past, logits_to_keep)
         buffers = None
         if past_key_values is None and use_cache:
@@ -309,6 +342,32 @@ class OrtModelForCausalLM(OrtModelForGeneration):
         if use_cache:
             store_in_cache(past_key_values, present)
         output = CausalLMOutputWithPast(logits=logits, past_key_values=past_key_values if use_cache else None)
+        return output if return_dict else output.to_tuple()
+
+    def gqa_forward(self, input_ids, attention_mask, position_ids, cache, past, use_cache, return_dict, logits_to_keep):
+        """`forward` on the GroupQueryAttention form: positions are the mask's (`cumsum - 1`, as generate passes
+        them); other position ids are refused rather than ignored."""
+        (batch, length), total = input_ids.shape, past[0].shape[2] + input_ids.shape[1]
+        mask = (
+            torch.ones(batch, total, dtype=torch.int64) if attention_mask is None else torch.as_tensor(attention_mask)
+        )
+        if tuple(mask.shape) != (batch, total):
+            raise ValueError(
+                f"attention_mask has shape {tuple(mask.shape)}, but the input needs (batch, past_sequence + sequence) "
+                f"= {(batch, total)}: one entry per cached and new token, 1 to attend and 0 for padding."
+            )
+        if not positions_follow_mask(position_ids, mask, input_ids.shape):
+            raise ValueError(
+                "This export (GroupQueryAttention form) takes positions from attention_mask (each token's count "
+                "of attended tokens before it); pass no position_ids, or export with --attention portable."
+            )
+        positions = logits_positions(logits_to_keep, length)
+        logits, present = self.gqa.step_hf(input_ids, mask, past if past[0].shape[2] else None, positions)
+        if use_cache:
+            if cache is None:
+                cache = DynamicCache()
+            store_in_cache(cache, present)
+        output = CausalLMOutputWithPast(logits=logits, past_key_values=cache if use_cache else None)
         return output if return_dict else output.to_tuple()
 
     def decoder_inputs(

@@ -14,6 +14,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
 from .contract import DTYPES, PAST_PLUS_SEQUENCE, load_manifest, padded_mask, positions_from_mask
+from .gqa_runtime import GqaValidationRunner, is_gqa_form
 from .session import PROVIDERS
 from .tasks import cast_model, task_model
 
@@ -276,7 +277,10 @@ def validate_onnx_export(
         if manifest["family"] == "seq2seq":
             _validate_seq2seq(runners, reference, comparison, generator, device)
         elif task == "text-generation":
-            _validate_causal_lm(runners["model"], reference, comparison, generator, device)
+            runner = runners["model"]
+            if is_gqa_form(manifest):  # fed and compared in the portable graph's layout
+                runner = GqaValidationRunner(runner, manifest, reference.config.max_position_embeddings)
+            _validate_causal_lm(runner, reference, comparison, generator, device)
         else:
             _validate_task_outputs(runners["model"], reference, comparison, generator, device)
     report = comparison.report(tolerance, kind, provider, model_depth(reference.config))

@@ -1,0 +1,357 @@
+"""The runtime of the GroupQueryAttention decoder form (`ort_llm.py` writes it): `GqaDecoder` drives such a graph
+through IO binding, one in-place KV buffer per cache tensor bound as both past and present; `step_hf` takes and
+returns transformers' layout (for `OrtModelForCausalLM.forward` and validation), `gqa_sample` is the lean
+greedy/sampling loop. The graph's I/O and how padding becomes lengths: `ort_llm.py` and docs/deployment.md.
+
+    >>> decoder = GqaDecoder(session, manifest, rotary_positions=config.max_position_embeddings)
+    >>> logits, present = decoder.step_hf(input_ids, attention_mask, past, logits_positions)
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+import torch
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+from .ort_llm import FORM_GQA
+
+
+def is_gqa_form(manifest: dict) -> bool:
+    """Whether an export's decoder graph is the GroupQueryAttention form."""
+    return manifest.get("attention_form") == FORM_GQA
+
+
+class GqaDecoder:
+    """Drives a GroupQueryAttention-form decoder graph on the CPU through IO binding: the KV buffers are bound as
+    both past and present (the kernel appends in place, no copy of the past), logits into a buffer reused per step.
+
+    `step_hf` takes and returns transformers' layout (a padded mask, caches aligned with it) for `forward` and
+    validation; `start`/`decode` are the lean loop's (`gqa_sample`).
+    """
+
+    def __init__(self, session: ort.InferenceSession, manifest: dict, rotary_positions: int):
+        self.session = session
+        layers = manifest["num_layers"]
+        self.kv_heads, self.head_dim = manifest["num_key_value_heads"], manifest["head_dim"]
+        self.vocab = manifest["vocab_size"]
+        self.max_positions = rotary_positions
+        self.past_names = [f"past_key_values.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+        self.present_names = [f"present.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+
+    # -- binding helpers
+
+    @staticmethod
+    def _bind_input(binding: ort.IOBinding, name: str, tensor: torch.Tensor) -> None:
+        binding.bind_input(name, "cpu", 0, _NUMPY[tensor.dtype], tuple(tensor.shape), tensor.data_ptr())
+
+    @staticmethod
+    def _bind_output(binding: ort.IOBinding, name: str, tensor: torch.Tensor) -> None:
+        binding.bind_output(name, "cpu", 0, _NUMPY[tensor.dtype], tuple(tensor.shape), tensor.data_ptr())
+
+    def new_buffers(self, batch: int, capacity: int) -> list[torch.Tensor]:
+        if capacity > self.max_positions:
+            raise ValueError(
+                f"{capacity} tokens (prompt + new) exceed the {self.max_positions} positions of this export's rotary "
+                f"table (max_position_embeddings); generate fewer tokens."
+            )
+        return [torch.zeros(batch, self.kv_heads, capacity, self.head_dim) for _ in self.past_names]
+
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        query_lengths: torch.Tensor,
+        total_lengths: torch.Tensor,
+        buffers: list[torch.Tensor],
+        logits_positions: torch.Tensor,
+    ) -> torch.Tensor:
+        """One call: `input_ids` (batch, chunk) right-padded with `query_lengths` real tokens per row, rows holding
+        `total_lengths` tokens afterwards; the new keys/values land in `buffers`. Returns (batch, positions, vocab)."""
+        binding = self.session.io_binding()
+        int32 = torch.int32
+        feeds = {
+            "input_ids": input_ids.to(torch.int64).contiguous(),
+            "seqlens_k": (total_lengths - 1).to(int32),
+            "total_sequence_length": total_lengths.max().to(int32).reshape(()),
+            "query_seqlens": query_lengths.to(int32),
+            "logits_positions": logits_positions.to(torch.int64).contiguous(),
+        }
+        for name, tensor in feeds.items():
+            self._bind_input(binding, name, tensor)
+        for past, present, buffer in zip(self.past_names, self.present_names, buffers):
+            self._bind_input(binding, past, buffer)
+            self._bind_output(binding, present, buffer)
+        logits = torch.empty(input_ids.shape[0], logits_positions.shape[0], self.vocab)
+        self._bind_output(binding, "logits", logits)
+        self.session.run_with_iobinding(binding)
+        return logits
+
+    # -- transformers' layout
+
+    def step_hf(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        past: list[torch.Tensor] | None,
+        logits_positions: torch.Tensor,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """One forward call in transformers' layout: `attention_mask` (batch, past + new), `past` caches aligned with
+        its first columns (None or empty: no past), logits at `logits_positions` of the new tokens. Returns the logits
+        (batch, positions, vocab; zero where the requested token is padding) and the present caches (batch, kv_heads,
+        past + new, head_dim; zero at padding). Each row's attended tokens are compacted to the front of a buffer,
+        run, and laid back out along the mask."""
+        batch, new = input_ids.shape
+        mask = attention_mask.to(torch.bool)
+        past_length = mask.shape[1] - new
+        past_mask, new_mask = mask[:, :past_length], mask[:, past_length:].clone()
+        # A row with no token at all still needs one for the kernel (its outputs are unspecified, as in PyTorch).
+        empty = ~(past_mask.any(1) | new_mask.any(1))
+        new_mask[empty, -1] = True
+        past_counts, query_counts = past_mask.sum(1), new_mask.sum(1)
+        chunk = max(int(query_counts.max()), 1)
+        capacity = int((past_counts + chunk).max())
+        buffers = self.new_buffers(batch, capacity)
+        if past_length and past is not None:
+            source = _front_indices(past_mask, capacity)
+            keep = (torch.arange(capacity)[None] < past_counts[:, None])[:, None, :, None]
+            gather = source[:, None, :, None].expand(batch, self.kv_heads, capacity, self.head_dim)
+            for buffer, tensor in zip(buffers, past):
+                buffer.copy_(torch.gather(tensor.float(), 2, gather) * keep)
+        ids = torch.gather(input_ids, 1, _front_indices(new_mask, chunk)) * (
+            torch.arange(chunk)[None] < query_counts[:, None]
+        )
+        # Each requested column's rank among its row's real new tokens (-1: padding).
+        rank = torch.where(new_mask, new_mask.cumsum(1) - 1, -1)[:, logits_positions]
+        wanted = torch.unique(rank[rank >= 0]) if (rank >= 0).any() else torch.zeros(1, dtype=torch.long)
+        logits = self.run(ids, query_counts, past_counts + query_counts, buffers, wanted)
+        lookup = torch.searchsorted(wanted, rank.clamp(min=0))
+        out = torch.gather(logits, 1, lookup[..., None].expand(-1, -1, self.vocab)) * (rank >= 0)[..., None]
+        full = torch.cat([past_mask, new_mask], 1)
+        position = (
+            (full.cumsum(1) - 1)
+            .clamp(min=0)[:, None, :, None]
+            .expand(batch, self.kv_heads, full.shape[1], self.head_dim)
+        )
+        on = full[:, None, :, None]
+        present = [torch.gather(buffer, 2, position) * on for buffer in buffers]
+        return out, present
+
+    # -- the lean loop
+
+    def start(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, capacity: int
+    ) -> tuple[torch.Tensor, "GqaState"]:
+        """Prefill a (left- or otherwise padded) prompt into buffers of `capacity` tokens per row; the last real
+        token's logits of each row (batch, vocab) and the state the decode steps continue from."""
+        batch, length = input_ids.shape
+        mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        if not bool(mask[:, -1].all()):
+            raise _NotLeftPadded
+        counts = mask.sum(1)
+        ids = torch.gather(input_ids, 1, _front_indices(mask, length)) * (torch.arange(length)[None] < counts[:, None])
+        buffers = self.new_buffers(batch, capacity)
+        last = counts - 1
+        wanted = torch.unique(last)
+        logits = self.run(ids, counts, counts, buffers, wanted)
+        rows = logits[torch.arange(batch), torch.searchsorted(wanted, last)]
+        return rows, GqaState.bind(self, buffers, counts)
+
+    def decode(self, state: "GqaState", tokens: torch.Tensor) -> torch.Tensor:
+        """One token per row (batch,) appended in place; the (batch, vocab) logits (a buffer reused every step)."""
+        state.step(tokens)
+        self.session.run_with_iobinding(state.binding)
+        return state.logits[:, 0]
+
+
+_NUMPY = {torch.float32: np.float32, torch.int64: np.int64, torch.int32: np.int32}
+
+
+def positions_follow_mask(position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, shape) -> bool:
+    """Whether `position_ids` (None, or those of the last `shape[1]` tokens) are each real token's count of attended
+    tokens before it, which is what the GroupQueryAttention form rotates by (generate passes exactly those)."""
+    if position_ids is None:
+        return True
+    batch, length = shape
+    mask = torch.ones(batch, length, dtype=torch.long) if attention_mask is None else torch.as_tensor(attention_mask)
+    expected = (mask.cumsum(-1) - 1)[:, -length:]
+    real = mask[:, -length:].bool()
+    return torch.equal(torch.as_tensor(position_ids).expand(batch, -1)[real], expected[real])
+
+
+class _NotLeftPaddedError(Exception):
+    """The prompt's last column holds padding: the lean loop hands the call to transformers' loop."""
+
+
+_NotLeftPadded = _NotLeftPaddedError()
+
+
+def _front_indices(mask: torch.Tensor, width: int) -> torch.Tensor:
+    """(batch, width) column indices that bring each row's True columns to its front, in order (the rest repeat
+    column 0; callers zero them)."""
+    order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
+    if order.shape[1] < width:
+        order = torch.cat([order, order.new_zeros(order.shape[0], width - order.shape[1])], 1)
+    return order[:, :width]
+
+
+@dataclass
+class GqaState:
+    """A decode step's bound inputs and outputs, updated in place: the binding is made once per generate call."""
+
+    binding: ort.IOBinding
+    tokens: torch.Tensor  # (batch, 1) int64
+    seqlens: torch.Tensor  # (batch,) int32: tokens held minus one
+    total: torch.Tensor  # () int32
+    logits: torch.Tensor  # (batch, 1, vocab)
+    keep: list  # the bound tensors' owners
+
+    @classmethod
+    def bind(cls, decoder: GqaDecoder, buffers: list[torch.Tensor], counts: torch.Tensor) -> "GqaState":
+        batch = counts.shape[0]
+        binding = decoder.session.io_binding()
+        tokens = torch.zeros(batch, 1, dtype=torch.int64)
+        seqlens = (counts - 1).to(torch.int32)
+        total = counts.max().to(torch.int32).reshape(()).clone()  # each step adds one before it runs
+        ones = torch.ones(batch, dtype=torch.int32)
+        positions = torch.zeros(1, dtype=torch.int64)
+        logits = torch.empty(batch, 1, decoder.vocab)
+        feeds = {
+            "input_ids": tokens,
+            "seqlens_k": seqlens,
+            "total_sequence_length": total,
+            "query_seqlens": ones,
+            "logits_positions": positions,
+        }
+        for name, tensor in feeds.items():
+            decoder._bind_input(binding, name, tensor)
+        for past, present, buffer in zip(decoder.past_names, decoder.present_names, buffers):
+            decoder._bind_input(binding, past, buffer)
+            decoder._bind_output(binding, present, buffer)
+        decoder._bind_output(binding, "logits", logits)
+        return cls(binding, tokens, seqlens, total, logits, [buffers, ones, positions])
+
+    def step(self, tokens: torch.Tensor) -> None:
+        self.tokens[:, 0] = tokens
+        self.seqlens += 1
+        self.total += 1
+
+
+def gqa_sample(
+    decoder: GqaDecoder,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    processors_for: Callable,
+    apply_processors: Callable,
+    greedy_tokens: Callable,
+) -> torch.Tensor | None:
+    """The lean greedy/sampling loop (`OrtModelForGeneration._sample`) on a GroupQueryAttention-form graph: the same
+    processors, stopping criteria and random draws, one preallocated buffer per cache tensor for the whole call, and
+    per step only the token, two lengths and the run. Returns None when the prompt is not left-padded (its last
+    column is padding) or `position_ids` are not the mask's: transformers' loop then runs it through `forward`."""
+    batch, length = input_ids.shape
+    if not positions_follow_mask(position_ids, attention_mask, input_ids.shape):
+        return None  # other positions than the mask's: `forward` says why it cannot run them
+    capacity = max(generation_config.max_length, length + 1)
+    try:
+        next_logits, state = decoder.start(input_ids, attention_mask, min(capacity, decoder.max_positions))
+    except _NotLeftPaddedError:
+        return None
+    # The sequences so far, in one preallocated tensor: each step writes a column and the processors and criteria
+    # see a view (no concatenation per token).
+    ids = torch.empty(batch, capacity, dtype=input_ids.dtype)
+    ids[:, :length] = input_ids
+    pad_token_id = generation_config._pad_token_tensor
+    has_eos_stopping_criteria = any(hasattr(criteria, "eos_token_id") for criteria in stopping_criteria)
+    stops = StandardStops.of(stopping_criteria)
+    unfinished = torch.ones(batch, dtype=torch.long)
+    processors = processors_for(logits_processor)
+    while True:
+        scores = apply_processors(processors, ids[:, :length], next_logits)
+        if generation_config.do_sample:
+            next_tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+        else:
+            next_tokens = greedy_tokens(scores)
+        if has_eos_stopping_criteria:
+            next_tokens = next_tokens * unfinished + pad_token_id * (1 - unfinished)
+        ids[:, length] = next_tokens
+        length += 1
+        if stops is not None:
+            unfinished &= ~stops(ids[:, :length])
+        else:
+            unfinished = unfinished & ~stopping_criteria(ids[:, :length], None)
+        if not unfinished.any():
+            return ids[:, :length].clone()
+        if length >= decoder.max_positions:
+            raise ValueError(
+                f"Generation reached the {decoder.max_positions} positions of this export's rotary table "
+                f"(max_position_embeddings); ask for fewer tokens."
+            )
+        next_logits = decoder.decode(state, next_tokens)
+
+
+@dataclass
+class StandardStops:
+    """transformers' `MaxLengthCriteria` and `EosTokenCriteria` (what generate builds from `max_length` and the
+    end-of-sequence ids) evaluated in one step: the same decisions, without the list's per-criterion dispatch and
+    full-batch tensors (0.1 ms a token)."""
+
+    max_length: int | None
+    eos_token_id: torch.Tensor | None
+
+    @classmethod
+    def of(cls, criteria) -> "StandardStops | None":
+        """The two standard criteria of `criteria`, or None if it holds any other kind."""
+        max_length = eos = None
+        for criterion in criteria:
+            if type(criterion) is MaxLengthCriteria:
+                max_length = criterion.max_length if max_length is None else min(max_length, criterion.max_length)
+            elif type(criterion) is EosTokenCriteria and eos is None:
+                eos = criterion.eos_token_id
+            else:
+                return None
+        return cls(max_length, eos)
+
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.max_length is not None and input_ids.shape[1] >= self.max_length:
+            return torch.ones(input_ids.shape[0], dtype=torch.bool)
+        if self.eos_token_id is None:
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+        return torch.isin(input_ids[:, -1], self.eos_token_id)
+
+
+class GqaValidationRunner:
+    """`validation._GraphRunner`'s interface over a GroupQueryAttention-form graph: fed and read in the portable
+    graph's layout (mask, positions, caches aligned with the mask), so that validation compares it with PyTorch as it
+    compares the portable graph. Positions are the mask's (`cumsum - 1`), which is what validation feeds."""
+
+    def __init__(self, runner, manifest: dict, rotary_positions: int):
+        self.runner, self.name, self.inputs = runner, runner.name, runner.inputs
+        self.decoder = GqaDecoder(runner.session, manifest, rotary_positions)
+        outputs = []
+        for spec in runner.graph["outputs"]:
+            shape = list(spec["shape"])
+            if spec["name"].startswith("present."):
+                shape[2] = "past_sequence + sequence"
+            outputs.append({**spec, "shape": shape})
+        self.graph = {**runner.graph, "outputs": outputs}
+
+    def empty_past(self, batch: int) -> dict[str, np.ndarray]:
+        return self.runner.empty_past(batch)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        past = [torch.from_numpy(np.ascontiguousarray(feeds[name])) for name in self.decoder.past_names]
+        logits, present = self.decoder.step_hf(
+            torch.from_numpy(feeds["input_ids"]),
+            torch.from_numpy(feeds["attention_mask"]),
+            past,
+            torch.from_numpy(np.asarray(feeds["logits_positions"])),
+        )
+        return {"logits": logits.numpy(), **{name: t.numpy() for name, t in zip(self.decoder.present_names, present)}}
+
+    def compare(self, *args, **kwargs) -> None:
+        type(self.runner).compare(self, *args, **kwargs)
