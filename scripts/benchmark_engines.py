@@ -76,11 +76,24 @@ SYSTEMS = {
     "vaswani ORT int4": ("vaswani-ort", "4-bit", "vaswani-onnx-int4"),
     "onnxruntime-genai int4": ("ortgenai", "4-bit", "ortgenai-int4"),
     "llama.cpp Q4_1": ("llamacpp", "4-bit", "gguf"),
+    # llama.cpp at its best: GGUFs made from --model by llama.cpp's converter and quantizer (Q4_0 and Q4_K have
+    # the repacked x86 kernels; Q4_1, the format the --gguf file came in, does not).
+    "llama.cpp Q8_0": ("llamacpp", "8-bit", "gguf-q8_0"),
+    "llama.cpp Q4_0": ("llamacpp", "4-bit", "gguf-q4_0"),
+    "llama.cpp Q4_K_M": ("llamacpp", "4-bit", "gguf-q4_k_m"),
+    # OpenVINO GenAI on optimum-intel's export, at the compute precision its CPU plugin picks (bf16 on CPUs with
+    # AVX512_BF16 or AMX; the worker reports the one it got), and at f32 compute (rows ", f32 compute" below).
+    "OpenVINO GenAI fp32": ("openvino", "fp32", "openvino-fp32"),
+    "OpenVINO GenAI int8": ("openvino", "8-bit", "openvino-int8"),
+    "OpenVINO GenAI int4": ("openvino", "4-bit", "openvino-int4"),
 }
 DECODER_SYSTEMS = list(SYSTEMS)
 # CTranslate2's decoder rows also at the settings that suit it on this VM (see below).
 DECODER_SYSTEMS[DECODER_SYSTEMS.index("CTranslate2 fp32") + 1 : 0] = ["CTranslate2 fp32, oneDNN"]
 DECODER_SYSTEMS[DECODER_SYSTEMS.index("CTranslate2 int8") + 1 : 0] = ["CTranslate2 int8, 1 thread"]
+for _precision in ("fp32", "int8", "int4"):
+    _at = DECODER_SYSTEMS.index(f"OpenVINO GenAI {_precision}") + 1
+    DECODER_SYSTEMS[_at:_at] = [f"OpenVINO GenAI {_precision}, f32 compute"]
 # Settings other than --threads threads and the engine's defaults: on the 2-vCPU VM of the seq2seq figures,
 # CTranslate2's default GEMM backend (Intel MKL) ran 2 intra-op threads at half the speed of 1, while its oneDNN
 # backend (CT2_USE_MKL=0) did not; each engine is also shown at the setting that suits it best.
@@ -91,6 +104,10 @@ SYSTEM_SETTINGS = {
     "CTranslate2 int8, 1 thread": {"threads": 1},
     "CTranslate2 fp32, oneDNN": {"env": {"CT2_USE_MKL": "0"}},
     "CTranslate2 int8, oneDNN": {"env": {"CT2_USE_MKL": "0"}},
+    # "options": properties for the engine (here OpenVINO's CPU plugin), passed on by the worker.
+    "OpenVINO GenAI fp32, f32 compute": {"options": {"INFERENCE_PRECISION_HINT": "f32"}},
+    "OpenVINO GenAI int8, f32 compute": {"options": {"INFERENCE_PRECISION_HINT": "f32"}},
+    "OpenVINO GenAI int4, f32 compute": {"options": {"INFERENCE_PRECISION_HINT": "f32"}},
 }
 for _name in SYSTEM_SETTINGS:
     SYSTEMS[_name] = SYSTEMS[_name.split(",")[0]]
@@ -110,7 +127,8 @@ SEQ2SEQ_SYSTEMS = [
     "CTranslate2 int8, 1 thread",
     "CTranslate2 int8, oneDNN",
 ]
-ENGINE_VENVS = {"ortgenai": "ortgenai", "ctranslate2": "ctranslate2", "llamacpp": "llamacpp"}
+ENGINE_VENVS = {"ortgenai": "ortgenai", "ctranslate2": "ctranslate2", "llamacpp": "llamacpp", "openvino": "openvino"}
+HELPERS = WORKER.parent  # the engines' build helpers, run in their venvs: openvino_export.py, gguf_tools.py
 
 
 # ------------------------------------------------------------------------------------------------ building
@@ -174,6 +192,17 @@ def build(recipe: str, args: argparse.Namespace, times: dict) -> Path:
         precision = recipe.removeprefix("ortgenai-")
         command = [python, "-m", "onnxruntime_genai.models.builder", "-i", args.model, "-o", out, "-p", precision]
         command += ["-e", "cpu", "-c", args.work_dir / "ortgenai-cache"]
+    elif recipe.startswith("openvino-"):
+        python = engine_python("openvino", args)
+        command = [python, HELPERS / "openvino_export.py", args.model, out, recipe.removeprefix("openvino-")]
+    elif recipe.startswith("gguf-"):
+        out.mkdir(parents=True, exist_ok=True)
+        tools = [engine_python("llamacpp", args), HELPERS / "gguf_tools.py"]
+        if recipe == "gguf-f32":
+            command = tools + ["convert", args.model, out / "model.gguf"]
+        else:
+            source = build("gguf-f32", args, times) / "model.gguf"
+            command = tools + ["quantize", source, out / "model.gguf", recipe.removeprefix("gguf-").upper()]
     elif recipe.startswith("ct2-"):
         converter = engine_python("ctranslate2", args).with_name("ct2-transformers-converter")
         command = [converter, "--model", args.model, "--output_dir", out, "--force"]
@@ -301,6 +330,7 @@ def read_bandwidth(threads: int, gigabytes: float = 1.0) -> float:
 def run_worker(engine: str, location: Path, request: dict, args: argparse.Namespace, settings: dict) -> dict:
     threads = settings.get("threads", args.threads)
     request = {**request, "engine": engine, "model": str(location), "threads": threads}
+    request["options"] = settings.get("options", {})
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false", **settings.get("env", {})}
     result = subprocess.run(
         [str(engine_python(engine, args)), str(WORKER)],
@@ -545,6 +575,8 @@ def main() -> None:
         seconds = times.get(recipe, float("nan"))
         if recipe.startswith("vaswani-onnx-"):
             seconds += times.get("vaswani", 0.0)  # its conversion from the transformers folder counts too
+        if recipe.startswith("gguf-") and recipe != "gguf-f32":
+            seconds += times.get("gguf-f32", 0.0)  # likewise the float32 GGUF that llama.cpp quantizes
         builds[name] = {"location": location, "seconds": seconds, "bytes": bytes_read_per_token(location)}
     fp32_bytes = weight_bytes(args.model)  # an fp32 safetensors folder: each parameter (the tied head once) x 4
     if args.seq2seq:  # a decoder step reads the decoder and the head, not the encoder (run once per sequence)
@@ -589,6 +621,11 @@ def write_report(results, builds, bandwidths, fp32_bytes, args, tokenizer, skipp
     if "transformers fp32" not in measured:
         return
     table = report(measured, builds, bandwidths, fp32_bytes, args, tokenizer)
+    infos = {name: [run["info"] for run in runs if run and run.get("info")] for name, runs in measured.items()}
+    if chosen := {name: info[0] for name, info in infos.items() if info}:  # what an engine picked on its own
+        table += "\n\nSettings the engines chose (read back from the loaded model): " + "; ".join(
+            f"{name}: " + ", ".join(f"{key} {value}" for key, value in info.items()) for name, info in chosen.items()
+        )
     if skipped:
         table += "\n\nNot measured or incomplete: " + "; ".join(f"{name}: {why}" for name, why in skipped.items())
     versions = subprocess.run(

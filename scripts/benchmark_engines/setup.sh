@@ -35,10 +35,31 @@ make_venv() {  # name, pip packages...
 
 make_venv ortgenai onnxruntime-genai onnxruntime
 make_venv ctranslate2 ctranslate2
-# llama.cpp: no wheel for Linux x86-64 on PyPI, so this compiles it (about 20 minutes on 2 busy cores). For AVX2 and
-# FMA, not -DGGML_NATIVE=ON: a native build enabled AMX on a virtual machine whose kernel does not grant it, and
-# crashed (SIGSEGV) at the first evaluation. No multimodal library (LLAVA_BUILD=OFF): not needed here.
+# llama.cpp: no wheel for Linux x86-64 on PyPI, so this compiles it (about 20 minutes on 2 busy cores). Not
+# -DGGML_NATIVE=ON: a native build enabled AMX on a virtual machine whose kernel does not grant it, and crashed
+# (SIGSEGV) at the first evaluation. Instead the x86 extensions are named one by one: AVX-512 (F, VBMI, VNNI, BF16)
+# when this CPU has them, which the repacked Q4_0/Q4_K/IQ4_NL kernels and the Q8_0 dot products use, else AVX2;
+# AMX always off. No multimodal library (LLAVA_BUILD=OFF): not needed here.
+LLAMA_X86="-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+if grep -q avx512f /proc/cpuinfo 2>/dev/null; then
+  LLAMA_X86="$LLAMA_X86 -DGGML_AVX512=ON"
+  for ext in vbmi:VBMI vnni:VNNI bf16:BF16; do
+    grep -q "avx512_\?${ext%%:*}\b" /proc/cpuinfo && LLAMA_X86="$LLAMA_X86 -DGGML_AVX512_${ext##*:}=ON"
+  done
+fi
+LLAMA_X86="$LLAMA_X86 -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+timed() { local start=$SECONDS; "$@"; local rc=$?; echo "[$2] $((SECONDS - start)) s"; return $rc; }
+# The sdist is kept: its vendor/llama.cpp holds the GGUF converter (convert_hf_to_gguf.py with its conversion/
+# modules and gguf-py) at the exact llama.cpp revision that the library was built from.
+LLAMA_SRC="$CACHE_DIR/llamacpp-src"
+if [ ! -d "$LLAMA_SRC/llama.cpp" ]; then
+  mkdir -p "$LLAMA_SRC" && "$PROJECT_PYTHON" -m pip download -q --no-deps --no-binary :all: -d "$LLAMA_SRC" \
+    "${LLAMA_CPP_PYTHON:-llama-cpp-python}" && tar -xzf "$LLAMA_SRC"/llama_cpp_python-*.tar.gz -C "$LLAMA_SRC" \
+    && mv "$LLAMA_SRC"/llama_cpp_python-*/vendor/llama.cpp "$LLAMA_SRC/llama.cpp" && rm -rf "$LLAMA_SRC"/llama_cpp_python-*/ \
+    || echo "[llamacpp] FAILED: downloading the llama-cpp-python sdist"
+fi
 CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
-  CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAVA_BUILD=OFF}" \
-  PIP_NO_CACHE_DIR=1 make_venv llamacpp llama-cpp-python   # no cached wheel built with other CMAKE_ARGS
+  CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF $LLAMA_X86 -DLLAVA_BUILD=OFF}" \
+  PIP_NO_CACHE_DIR=1 timed make_venv llamacpp "$(ls "$LLAMA_SRC"/llama_cpp_python-*.tar.gz 2>/dev/null \
+  || echo llama-cpp-python)" sentencepiece   # no cached wheel built with other CMAKE_ARGS
 exit 0

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 
 def timed(function):
@@ -135,8 +136,9 @@ def load_ctranslate2(request):
 def load_llamacpp(request):
     from llama_cpp import Llama
 
+    path = Path(request["model"])  # a .gguf file, or a folder holding one (the driver's GGUF builds)
     model = Llama(
-        request["model"],
+        str(next(path.glob("*.gguf")) if path.is_dir() else path),
         n_ctx=2048,
         n_batch=512,
         n_threads=request["threads"],
@@ -158,6 +160,37 @@ def load_llamacpp(request):
     return generate
 
 
+def load_openvino(request):
+    """OpenVINO GenAI's LLMPipeline on an optimum-intel export (scripts/benchmark_engines/openvino_export.py).
+
+    `options` (from the driver's SYSTEM_SETTINGS) are CPU plugin properties, e.g. INFERENCE_PRECISION_HINT="f32";
+    without it the plugin picks its own compute precision (bf16 where the CPU has AVX512_BF16 or AMX), which the
+    worker reads back from a model compiled with the same properties and reports under `info`."""
+    import numpy as np
+    import openvino as ov
+    import openvino_genai
+
+    properties = {"INFERENCE_NUM_THREADS": request["threads"], **request.get("options", {})}
+    pipeline = openvino_genai.LLMPipeline(request["model"], "CPU", **properties)
+
+    def generate(rows, new_tokens):
+        ids = np.array(rows, dtype=np.int64)
+        inputs = openvino_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
+        config = openvino_genai.GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+        config.do_sample, config.ignore_eos = False, True
+        result = pipeline.generate(inputs, config)
+        return [list(map(int, tokens))[-new_tokens:] for tokens in result.tokens]
+
+    def info():
+        compiled = ov.Core().compile_model(str(Path(request["model"]) / "openvino_model.xml"), "CPU", properties)
+        names = ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE")
+        values = {name: compiled.get_property(name) for name in names}
+        return {name: value.to_string() if isinstance(value, ov.Type) else str(value) for name, value in values.items()}
+
+    generate.info = info
+    return generate
+
+
 LOADERS = {
     "transformers": load_transformers,
     "vaswani-torch": load_vaswani_torch,
@@ -165,6 +198,7 @@ LOADERS = {
     "ortgenai": load_ortgenai,
     "ctranslate2": load_ctranslate2,
     "llamacpp": load_llamacpp,
+    "openvino": load_openvino,
 }
 
 
@@ -185,6 +219,8 @@ def main() -> None:
         generate([request["long_prompt"][:8]], 1)
         seconds, _ = timed(lambda: generate([request["long_prompt"]], 1))
         report["prefill"] = {"seconds": seconds}
+    if hasattr(generate, "info"):  # what the engine chose on its own (e.g. OpenVINO's compute precision)
+        report["info"] = generate.info()
     print("RESULT " + json.dumps(report), flush=True)
 
 
