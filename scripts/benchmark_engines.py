@@ -596,7 +596,7 @@ def main() -> None:
         rotated = order[round_index % len(order) :] + order[: round_index % len(order)]
         for name in rotated:
             engine = SYSTEMS[name][0]
-            batches = [1] if engine == "llamacpp" else args.batches
+            batches = args.batches
             try:
                 location, settings = builds[name]["location"], SYSTEM_SETTINGS.get(name, {})
                 run = run_worker(engine, location, {**request, "batches": batches}, args, settings)
