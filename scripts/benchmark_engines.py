@@ -128,7 +128,7 @@ SEQ2SEQ_SYSTEMS = [
     "CTranslate2 int8, oneDNN",
 ]
 ENGINE_VENVS = {"ortgenai": "ortgenai", "ctranslate2": "ctranslate2", "llamacpp": "llamacpp", "openvino": "openvino"}
-HELPERS = WORKER.parent  # the engines' build helpers, run in their venvs: openvino_export.py, gguf_tools.py
+HELPERS = WORKER.parent  # the engines' build helpers, run in their venvs: openvino_tools.py, gguf_tools.py
 
 
 # ------------------------------------------------------------------------------------------------ building
@@ -194,7 +194,7 @@ def build(recipe: str, args: argparse.Namespace, times: dict) -> Path:
         command += ["-e", "cpu", "-c", args.work_dir / "ortgenai-cache"]
     elif recipe.startswith("openvino-"):
         python = engine_python("openvino", args)
-        command = [python, HELPERS / "openvino_export.py", args.model, out, recipe.removeprefix("openvino-")]
+        command = [python, HELPERS / "openvino_tools.py", "export", args.model, out, recipe.removeprefix("openvino-")]
     elif recipe.startswith("gguf-"):
         out.mkdir(parents=True, exist_ok=True)
         tools = [engine_python("llamacpp", args), HELPERS / "gguf_tools.py"]

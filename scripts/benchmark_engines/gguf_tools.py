@@ -3,14 +3,17 @@ scripts/benchmark_engines/setup.sh makes (scripts/benchmark_engines.py and scrip
 
     python gguf_tools.py convert SOURCE_FOLDER OUT.gguf          # float32 GGUF: llama.cpp's convert_hf_to_gguf.py
     python gguf_tools.py quantize IN.gguf OUT.gguf Q4_K_M         # llama.cpp's quantizer (llama_model_quantize)
-    python gguf_tools.py perplexity MODEL.gguf < windows.json     # {"windows": [[ids...], ...], "threads": 2}
+    python gguf_tools.py perplexity MODEL.gguf < windows.json     # {"windows": [[ids...], ...], "threads": 2,
+                                                                  #  "flash_attn": true}
 
 `convert` runs the converter of the llama.cpp revision the library was built from (setup.sh keeps it, with its
 gguf-py, at CACHE_DIR/llamacpp-src/llama.cpp). `quantize` calls the library's own quantizer through
 llama-cpp-python's binding (the `llama-quantize` program is not part of llama-cpp-python's build), with its default
 parameters, as `llama-quantize IN OUT TYPE` runs it. `perplexity` feeds token ids, not text, so that every system's
 perplexity is over the same tokens (tokenized once, by the driver): each window is evaluated from an empty cache,
-and the loss is taken at every position but the first, as scripts/real_model.py's `perplexity` does.
+and the loss is taken at every position but the first, as scripts/real_model.py's `perplexity` does. Flash
+attention on is what llama.cpp's own default ("auto") picks on a CPU, and what the benchmark's worker runs;
+llama-cpp-python's `Llama` class would turn it off, hence the option.
 """
 
 import json
@@ -43,14 +46,14 @@ def quantize(source: str, output: str, kind: str) -> None:
         sys.exit(f"llama_model_quantize failed for {source} -> {output} ({kind})")
 
 
-def perplexity(model_path: str, windows: list[list[int]], threads: int) -> dict:
+def perplexity(model_path: str, windows: list[list[int]], threads: int, flash_attn: bool) -> dict:
     import numpy as np
     from llama_cpp import Llama
 
     longest = max(map(len, windows))
     model = Llama(
         model_path, n_ctx=longest, n_batch=longest, n_ubatch=longest, logits_all=True, n_threads=threads,
-        n_threads_batch=threads, verbose=False,
+        n_threads_batch=threads, flash_attn=flash_attn, verbose=False,
     )  # fmt: skip
     total, count = 0.0, 0
     for ids in windows:
@@ -72,6 +75,7 @@ if __name__ == "__main__":
         quantize(*rest)
     elif command == "perplexity" and len(rest) == 1:
         request = json.loads(sys.stdin.read())
-        print("RESULT " + json.dumps(perplexity(rest[0], request["windows"], request.get("threads", 2))))
+        threads, flash_attn = request.get("threads", 2), request.get("flash_attn", True)
+        print("RESULT " + json.dumps(perplexity(rest[0], request["windows"], threads, flash_attn)))
     else:
         sys.exit(__doc__)

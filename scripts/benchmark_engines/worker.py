@@ -191,7 +191,7 @@ def load_llamacpp(request):
 
 
 def load_openvino(request):
-    """OpenVINO GenAI's LLMPipeline on an optimum-intel export (scripts/benchmark_engines/openvino_export.py).
+    """OpenVINO GenAI's LLMPipeline on an optimum-intel export (scripts/benchmark_engines/openvino_tools.py).
 
     `options` (from the driver's SYSTEM_SETTINGS) are CPU plugin properties, e.g. INFERENCE_PRECISION_HINT="f32";
     without it the plugin picks its own compute precision (bf16 where the CPU has AVX512_BF16 or AMX), which the
