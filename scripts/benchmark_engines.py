@@ -2,7 +2,11 @@
 
 Systems (fp32 unless named): transformers' own PyTorch model; vaswani's PyTorch model; vaswani's ONNX export run
 by ONNX Runtime (fp32 as exported and with `--optimize`, `--quantize int8`, `--quantize int4`); onnxruntime-genai's model builder and runtime (fp32,
-int8, int4); CTranslate2 (float32, int8); llama.cpp through llama-cpp-python (a GGUF file, batch 1 only).
+int8, int4); CTranslate2 (float32, int8); llama.cpp through llama-cpp-python's bindings of its C API (Q8_0, Q4_0 and
+Q4_K_M GGUFs that llama.cpp's converter and quantizer make from --model, and the --gguf file; one sequence per batch
+row, llama.cpp's default context settings); OpenVINO GenAI's LLMPipeline on optimum-intel exports (fp32, int8, int4
+weights), at the compute precision OpenVINO picks for the CPU (bf16 where it has AVX512_BF16 or AMX; the report
+lists what each run got) and at f32 compute. Perplexities of the same builds: scripts/engine_perplexity.py.
 
 How it measures (why: ONNX Runtime's intra-op threads keep spinning after a run and take the cores from whatever
 runs next in the same process, which once inflated an in-process ratio from about 2x to "3.18x"):
