@@ -73,10 +73,10 @@ def systems(args: argparse.Namespace) -> list[tuple[str, str, callable]]:
     ggufs = named_paths(args.gguf)
     openvino = {}
     if args.builds:
-        for folder in sorted(args.builds.glob("gguf-*")):
-            ggufs[folder.name.removeprefix("gguf-").upper()] = folder / "model.gguf"
-        for folder in sorted(args.builds.glob("openvino-*")):
-            openvino[folder.name.removeprefix("openvino-")] = folder
+        for path in sorted(args.builds.glob("gguf-*/model.gguf")):
+            ggufs[path.parent.name.removeprefix("gguf-").upper()] = path
+        for path in sorted(args.builds.glob("openvino-*/openvino_model.xml")):
+            openvino[path.parent.name.removeprefix("openvino-")] = path.parent
     llama_python = args.engines / "llamacpp" / "bin" / "python"
     for name, path in ggufs.items():
         for flash in (True, False):
