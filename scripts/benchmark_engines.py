@@ -600,10 +600,9 @@ def main() -> None:
         rotated = order[round_index % len(order) :] + order[: round_index % len(order)]
         for name in rotated:
             engine = SYSTEMS[name][0]
-            batches = args.batches
             try:
                 location, settings = builds[name]["location"], SYSTEM_SETTINGS.get(name, {})
-                run = run_worker(engine, location, {**request, "batches": batches}, args, settings)
+                run = run_worker(engine, location, {**request, "batches": args.batches}, args, settings)
             except (RuntimeError, subprocess.TimeoutExpired) as error:
                 print(f"  {name}: FAILED {str(error)[-500:]}", flush=True)
                 skipped[name] = f"worker failed in round {round_index + 1}: {' '.join(str(error).split())[-200:]}"
