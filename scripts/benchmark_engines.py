@@ -2,7 +2,11 @@
 
 Systems (fp32 unless named): transformers' own PyTorch model; vaswani's PyTorch model; vaswani's ONNX export run
 by ONNX Runtime (fp32 as exported and with `--optimize`, `--quantize int8`, `--quantize int4`); onnxruntime-genai's model builder and runtime (fp32,
-int8, int4); CTranslate2 (float32, int8); llama.cpp through llama-cpp-python (a GGUF file, batch 1 only).
+int8, int4); CTranslate2 (float32, int8); llama.cpp through llama-cpp-python's bindings of its C API (Q8_0, Q4_0 and
+Q4_K_M GGUFs that llama.cpp's converter and quantizer make from --model, and the --gguf file; one sequence per batch
+row, llama.cpp's default context settings); OpenVINO GenAI's LLMPipeline on optimum-intel exports (fp32, int8, int4
+weights), at the compute precision OpenVINO picks for the CPU (bf16 where it has AVX512_BF16 or AMX; the report
+lists what each run got) and at f32 compute. Perplexities of the same builds: scripts/engine_perplexity.py.
 
 How it measures (why: ONNX Runtime's intra-op threads keep spinning after a run and take the cores from whatever
 runs next in the same process, which once inflated an in-process ratio from about 2x to "3.18x"):
@@ -83,11 +87,24 @@ SYSTEMS = {
     "vaswani ORT int4, portable": ("vaswani-ort", "4-bit", "vaswani-onnx-int4-portable"),
     "onnxruntime-genai int4": ("ortgenai", "4-bit", "ortgenai-int4"),
     "llama.cpp Q4_1": ("llamacpp", "4-bit", "gguf"),
+    # llama.cpp at its best: GGUFs made from --model by llama.cpp's converter and quantizer (Q4_0 and Q4_K have
+    # the repacked x86 kernels; Q4_1, the format the --gguf file came in, does not).
+    "llama.cpp Q8_0": ("llamacpp", "8-bit", "gguf-q8_0"),
+    "llama.cpp Q4_0": ("llamacpp", "4-bit", "gguf-q4_0"),
+    "llama.cpp Q4_K_M": ("llamacpp", "4-bit", "gguf-q4_k_m"),
+    # OpenVINO GenAI on optimum-intel's export, at the compute precision its CPU plugin picks (bf16 on CPUs with
+    # AVX512_BF16 or AMX; the worker reports the one it got), and at f32 compute (rows ", f32 compute" below).
+    "OpenVINO GenAI fp32": ("openvino", "fp32", "openvino-fp32"),
+    "OpenVINO GenAI int8": ("openvino", "8-bit", "openvino-int8"),
+    "OpenVINO GenAI int4": ("openvino", "4-bit", "openvino-int4"),
 }
 DECODER_SYSTEMS = [name for name in SYSTEMS if name != "vaswani ORT int8, --block-size 128"]
 # CTranslate2's decoder rows also at the settings that suit it on this VM (see below).
 DECODER_SYSTEMS[DECODER_SYSTEMS.index("CTranslate2 fp32") + 1 : 0] = ["CTranslate2 fp32, oneDNN"]
 DECODER_SYSTEMS[DECODER_SYSTEMS.index("CTranslate2 int8") + 1 : 0] = ["CTranslate2 int8, 1 thread"]
+for _precision in ("fp32", "int8", "int4"):
+    _at = DECODER_SYSTEMS.index(f"OpenVINO GenAI {_precision}") + 1
+    DECODER_SYSTEMS[_at:_at] = [f"OpenVINO GenAI {_precision}, f32 compute"]
 NO_OPENMP_SPINNING = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
 # Settings other than --threads threads and the engine's defaults: on the 2-vCPU VM of the seq2seq figures,
 # CTranslate2's default GEMM backend (Intel MKL) ran 2 intra-op threads at half the speed of 1, while its oneDNN
@@ -106,9 +123,15 @@ SYSTEM_SETTINGS = {
     "vaswani ORT int8, no spinning": {"request": {"spinning": False}},
     "CTranslate2 fp32, oneDNN, no spinning": {"env": {"CT2_USE_MKL": "0", **NO_OPENMP_SPINNING}},
     "CTranslate2 int8, no spinning": {"env": NO_OPENMP_SPINNING},
+    # "options": properties for the engine (here OpenVINO's CPU plugin), passed on by the worker.
+    "OpenVINO GenAI fp32, f32 compute": {"options": {"INFERENCE_PRECISION_HINT": "f32"}},
+    "OpenVINO GenAI int8, f32 compute": {"options": {"INFERENCE_PRECISION_HINT": "f32"}},
+    "OpenVINO GenAI int4, f32 compute": {"options": {"INFERENCE_PRECISION_HINT": "f32"}},
 }
 for _name in SYSTEM_SETTINGS:
-    SYSTEMS[_name] = SYSTEMS[_name.removesuffix(", no spinning").split(", 1 thread")[0].split(", oneDNN")[0]]
+    SYSTEMS[_name] = SYSTEMS[
+        _name.removesuffix(", no spinning").split(", 1 thread")[0].split(", oneDNN")[0].split(", f32 compute")[0]
+    ]
 # --seq2seq: the BART-shaped encoder-decoder against CTranslate2's Translator (onnxruntime-genai and llama.cpp run
 # decoders only). --optimize and int8 exports run the decoder's attention as ONNX Runtime's MultiHeadAttention.
 SEQ2SEQ_SYSTEMS = [
@@ -132,7 +155,8 @@ SEQ2SEQ_SYSTEMS = [
     "CTranslate2 int8, oneDNN",
     "CTranslate2 int8, no spinning",
 ]
-ENGINE_VENVS = {"ortgenai": "ortgenai", "ctranslate2": "ctranslate2", "llamacpp": "llamacpp"}
+ENGINE_VENVS = {"ortgenai": "ortgenai", "ctranslate2": "ctranslate2", "llamacpp": "llamacpp", "openvino": "openvino"}
+HELPERS = WORKER.parent  # the engines' build helpers, run in their venvs: openvino_tools.py, gguf_tools.py
 
 
 # ------------------------------------------------------------------------------------------------ building
@@ -201,6 +225,17 @@ def build(recipe: str, args: argparse.Namespace, times: dict) -> Path:
         precision = recipe.removeprefix("ortgenai-")
         command = [python, "-m", "onnxruntime_genai.models.builder", "-i", args.model, "-o", out, "-p", precision]
         command += ["-e", "cpu", "-c", args.work_dir / "ortgenai-cache"]
+    elif recipe.startswith("openvino-"):
+        python = engine_python("openvino", args)
+        command = [python, HELPERS / "openvino_tools.py", "export", args.model, out, recipe.removeprefix("openvino-")]
+    elif recipe.startswith("gguf-"):
+        out.mkdir(parents=True, exist_ok=True)
+        tools = [engine_python("llamacpp", args), HELPERS / "gguf_tools.py"]
+        if recipe == "gguf-f32":
+            command = tools + ["convert", args.model, out / "model.gguf"]
+        else:
+            source = build("gguf-f32", args, times) / "model.gguf"
+            command = tools + ["quantize", source, out / "model.gguf", recipe.removeprefix("gguf-").upper()]
     elif recipe.startswith("ct2-"):
         converter = engine_python("ctranslate2", args).with_name("ct2-transformers-converter")
         command = [converter, "--model", args.model, "--output_dir", out, "--force"]
@@ -328,6 +363,7 @@ def read_bandwidth(threads: int, gigabytes: float = 1.0) -> float:
 def run_worker(engine: str, location: Path, request: dict, args: argparse.Namespace, settings: dict) -> dict:
     threads = settings.get("threads", args.threads)
     request = {**request, **settings.get("request", {}), "engine": engine, "model": str(location), "threads": threads}
+    request["options"] = settings.get("options", {})
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false", **settings.get("env", {})}
     result = subprocess.run(
         [str(engine_python(engine, args)), str(WORKER)],
@@ -572,6 +608,8 @@ def main() -> None:
         seconds = times.get(recipe, float("nan"))
         if recipe.startswith("vaswani-onnx-"):
             seconds += times.get("vaswani", 0.0)  # its conversion from the transformers folder counts too
+        if recipe.startswith("gguf-") and recipe != "gguf-f32":
+            seconds += times.get("gguf-f32", 0.0)  # likewise the float32 GGUF that llama.cpp quantizes
         builds[name] = {"location": location, "seconds": seconds, "bytes": bytes_read_per_token(location)}
     fp32_bytes = weight_bytes(args.model)  # an fp32 safetensors folder: each parameter (the tied head once) x 4
     if args.seq2seq:  # a decoder step reads the decoder and the head, not the encoder (run once per sequence)
@@ -591,10 +629,9 @@ def main() -> None:
         rotated = order[round_index % len(order) :] + order[: round_index % len(order)]
         for name in rotated:
             engine = SYSTEMS[name][0]
-            batches = [1] if engine == "llamacpp" else args.batches
             try:
                 location, settings = builds[name]["location"], SYSTEM_SETTINGS.get(name, {})
-                run = run_worker(engine, location, {**request, "batches": batches}, args, settings)
+                run = run_worker(engine, location, {**request, "batches": args.batches}, args, settings)
             except (RuntimeError, subprocess.TimeoutExpired) as error:
                 print(f"  {name}: FAILED {str(error)[-500:]}", flush=True)
                 skipped[name] = f"worker failed in round {round_index + 1}: {' '.join(str(error).split())[-200:]}"
@@ -616,6 +653,11 @@ def write_report(results, builds, bandwidths, fp32_bytes, args, tokenizer, skipp
     if "transformers fp32" not in measured:
         return
     table = report(measured, builds, bandwidths, fp32_bytes, args, tokenizer)
+    infos = {name: [run["info"] for run in runs if run and run.get("info")] for name, runs in measured.items()}
+    if chosen := {name: info[0] for name, info in infos.items() if info}:  # what an engine picked on its own
+        table += "\n\nSettings the engines chose (read back from the loaded model): " + "; ".join(
+            f"{name}: " + ", ".join(f"{key} {value}" for key, value in info.items()) for name, info in chosen.items()
+        )
     if skipped:
         table += "\n\nNot measured or incomplete: " + "; ".join(f"{name}: {why}" for name, why in skipped.items())
     versions = subprocess.run(

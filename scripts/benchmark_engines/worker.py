@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 
 def timed(function):
@@ -134,28 +135,90 @@ def load_ctranslate2(request):
 
 
 def load_llamacpp(request):
-    from llama_cpp import Llama
+    """llama.cpp through llama-cpp-python's bindings of its C API, the way llama.cpp's own `batched` example decodes:
+    one context holding a sequence per row (llama.cpp's default context parameters, so flash attention on "auto";
+    llama-cpp-python's `Llama` class turns it off and decodes one sequence at a time), every row's prompt in one
+    batch, then one batch of one token per row each step, the next token the argmax of the row's logits."""
+    import ctypes
 
-    model = Llama(
-        request["model"],
-        n_ctx=2048,
-        n_batch=512,
-        n_threads=request["threads"],
-        n_threads_batch=request["threads"],
-        verbose=False,
+    import llama_cpp
+    import numpy as np
+
+    path = Path(request["model"])  # a .gguf file, or a folder holding one (the driver's GGUF builds)
+    llama_cpp.llama_backend_init()
+    model = llama_cpp.llama_model_load_from_file(
+        str(next(path.glob("*.gguf")) if path.is_dir() else path).encode(), llama_cpp.llama_model_default_params()
     )
+    if not model:
+        raise RuntimeError(f"llama.cpp could not load {path}")
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    rows_max = max(request.get("batches", [1]))
+    longest = max(len(request.get("long_prompt") or []) + 1, len(request["prompt"]) + request["new_tokens"])
+    params = llama_cpp.llama_context_default_params()
+    params.n_seq_max = rows_max
+    params.n_ctx = rows_max * (longest + 255) // 256 * 256  # each sequence gets n_ctx / n_seq_max cells
+    params.n_batch = max(rows_max * len(request["prompt"]), longest)  # a whole prompt batch in one decode call
+    params.n_threads = params.n_threads_batch = request["threads"]
+    context = llama_cpp.llama_init_from_model(model, params)
+    if not context:
+        raise RuntimeError(f"llama.cpp could not create a context of {params.n_ctx} tokens for {path}")
+    memory = llama_cpp.llama_get_memory(context)
+    batch = llama_cpp.llama_batch_init(params.n_batch, 0, rows_max)
+
+    def decode(entries):  # (token, position, sequence, wants logits) -> the argmax of each row that wants logits
+        for index, (token, position, sequence, wants) in enumerate(entries):
+            batch.token[index], batch.pos[index], batch.logits[index] = token, position, wants
+            batch.n_seq_id[index], batch.seq_id[index][0] = 1, sequence
+        batch.n_tokens = len(entries)
+        if llama_cpp.llama_decode(context, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+        outputs = sum(wants for *_, wants in entries)
+        logits = ctypes.cast(llama_cpp.llama_get_logits(context), ctypes.POINTER(ctypes.c_float))
+        return np.ctypeslib.as_array(logits, shape=(outputs, n_vocab)).argmax(axis=1).tolist()
 
     def generate(rows, new_tokens):
-        if len(rows) != 1:
-            raise ValueError("llama-cpp-python's Python API generates one sequence at a time")
-        model.reset()
-        out = []
-        for token in model.generate(rows[0], top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
-            out.append(int(token))
-            if len(out) == new_tokens:
-                break
-        return [out]
+        if len(rows) > rows_max:
+            raise ValueError(f"the context was made for {rows_max} sequences")
+        llama_cpp.llama_memory_clear(memory, True)
+        entries = [(t, i, r, i == len(row) - 1) for r, row in enumerate(rows) for i, t in enumerate(row)]
+        out = [[token] for token in decode(entries)]
+        for step in range(new_tokens - 1):
+            entries = [(tokens[-1], len(row) + step, r, True) for r, (row, tokens) in enumerate(zip(rows, out))]
+            for tokens, token in zip(out, decode(entries)):
+                tokens.append(token)
+        return out
 
+    return generate
+
+
+def load_openvino(request):
+    """OpenVINO GenAI's LLMPipeline on an optimum-intel export (scripts/benchmark_engines/openvino_tools.py).
+
+    `options` (from the driver's SYSTEM_SETTINGS) are CPU plugin properties, e.g. INFERENCE_PRECISION_HINT="f32";
+    without it the plugin picks its own compute precision (bf16 where the CPU has AVX512_BF16 or AMX), which the
+    worker reads back from a model compiled with the same properties and reports under `info`."""
+    import numpy as np
+    import openvino as ov
+    import openvino_genai
+
+    properties = {"INFERENCE_NUM_THREADS": request["threads"], **request.get("options", {})}
+    pipeline = openvino_genai.LLMPipeline(request["model"], "CPU", **properties)
+
+    def generate(rows, new_tokens):
+        ids = np.array(rows, dtype=np.int64)
+        inputs = openvino_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
+        config = openvino_genai.GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+        config.do_sample, config.ignore_eos = False, True
+        result = pipeline.generate(inputs, config)
+        return [list(map(int, tokens))[-new_tokens:] for tokens in result.tokens]
+
+    def info():
+        compiled = ov.Core().compile_model(str(Path(request["model"]) / "openvino_model.xml"), "CPU", properties)
+        names = ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE")
+        values = {name: compiled.get_property(name) for name in names}
+        return {name: value.to_string() if isinstance(value, ov.Type) else str(value) for name, value in values.items()}
+
+    generate.info = info
     return generate
 
 
@@ -166,6 +229,7 @@ LOADERS = {
     "ortgenai": load_ortgenai,
     "ctranslate2": load_ctranslate2,
     "llamacpp": load_llamacpp,
+    "openvino": load_openvino,
 }
 
 
@@ -186,6 +250,8 @@ def main() -> None:
         generate([request["long_prompt"][:8]], 1)
         seconds, _ = timed(lambda: generate([request["long_prompt"]], 1))
         report["prefill"] = {"seconds": seconds}
+    if hasattr(generate, "info"):  # what the engine chose on its own (e.g. OpenVINO's compute precision)
+        report["info"] = generate.info()
     print("RESULT " + json.dumps(report), flush=True)
 
 
