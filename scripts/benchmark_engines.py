@@ -69,6 +69,8 @@ CHAT_QUESTION = "What are three good habits for writing clear, maintainable Pyth
 SYSTEMS = {
     "transformers fp32": ("transformers", "fp32", "hf"),
     "vaswani PyTorch fp32": ("vaswani-torch", "fp32", "vaswani"),
+    # bfloat16 weights and compute: PyTorch's 16-bit CPU path (ONNX Runtime's CPU provider has no bfloat16 MatMul).
+    "vaswani PyTorch bf16": ("vaswani-torch", "bf16", "vaswani"),
     "vaswani ORT fp32": ("vaswani-ort", "fp32", "vaswani-onnx-fp32"),
     # --optimize: ONNX Runtime's fusions saved in the graph (contrib ops: an ONNX Runtime-only graph).
     "vaswani ORT fp32, --optimize": ("vaswani-ort", "fp32", "vaswani-onnx-fp32-optimized"),
@@ -113,6 +115,7 @@ SYSTEM_SETTINGS = {
     "vaswani ORT fp32, 1 thread": {"threads": 1},
     "vaswani ORT int8, 1 thread": {"threads": 1},
     "vaswani ORT int8, --block-size 128, 1 thread": {"threads": 1},
+    "vaswani PyTorch bf16": {"request": {"dtype": "bfloat16"}},
     "CTranslate2 fp32, 1 thread": {"threads": 1},
     "CTranslate2 int8, 1 thread": {"threads": 1},
     "CTranslate2 fp32, oneDNN": {"env": {"CT2_USE_MKL": "0"}},
@@ -456,7 +459,7 @@ def report(results: dict, builds: dict, bandwidths: list[float], fp32_bytes: int
             if not rates:
                 lines.append(f"| {name} | {precision} | – (not run at this batch size) | | | | |")
                 continue
-            per_token = fp32_bytes if precision == "fp32" else builds[name]["bytes"]
+            per_token = {"fp32": fp32_bytes, "bf16": fp32_bytes // 2}.get(precision, builds[name]["bytes"])
             bound = batch * bandwidth / per_token
             rate, best = median(rates), max(rates)
             lines.append(

@@ -57,7 +57,9 @@ def load_transformers(request):
 
     torch.set_num_threads(request["threads"])
     auto = AutoModelForSeq2SeqLM if request.get("seq2seq") else AutoModelForCausalLM
-    return torch_generate(auto.from_pretrained(request["model"]).eval(), bool(request.get("seq2seq")))
+    # "dtype": the weights and compute in bfloat16 (the 16-bit CPU path: oneDNN's AVX512_BF16/AMX kernels).
+    model = auto.from_pretrained(request["model"], dtype=getattr(torch, request.get("dtype", "float32")))
+    return torch_generate(model.eval(), bool(request.get("seq2seq")))
 
 
 def load_vaswani_torch(request):
