@@ -210,11 +210,12 @@ class _Stamper:
                 found = digests.get((array.shape, array.dtype, _digest(array)))
                 if found is not None:
                     weights[value] = found
-        for unit, module in enumerate(template_units):
-            names = {weight.parameter for weight in weights.values() if weight.unit == unit}
-            missing = [name for name, _ in module.named_parameters() if name not in names]
-            if missing and self.units[unit]:
-                raise StampingRefused(f"weights {missing} of {self.path}.{unit} are not in the graph as traced")
+        # A weight the exporter transformed otherwise is no fingerprint: the second unit's copy of it then fails the
+        # check for constants of its own (`_analyse`). Weights the graph does not use (the encoder graph reads only
+        # the cross-attention's key/value projections) are absent from both units.
+        found = [{(w.parameter, w.transposed) for w in weights.values() if w.unit == unit} for unit in range(2)]
+        if found[0] != found[1]:
+            raise StampingRefused(f"{self.path}.0 and {self.path}.1 use different weights: {found[0] ^ found[1]}")
         return weights
 
     # ------------------------------------------------------------------------------------------------- analysis
