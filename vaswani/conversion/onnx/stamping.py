@@ -90,6 +90,7 @@ def stamped_graphs(
         for path, template_units in template_lists[spec.name].items():
             real_units = real_lists[spec.name].get(path, [])
             if len(template_units) == TEMPLATE_LAYERS and len(real_units) > TEMPLATE_LAYERS:
+                _check_alike(path, real_units)
                 _Stamper(graph, path, template_units, real_units, fingerprints).stamp()
         _order_io(graph, spec)
         graph.sort()
@@ -151,6 +152,34 @@ def _module_lists(wrapper: nn.Module) -> dict[str, list[nn.Module]]:
     """{path: modules} of every module list in a graph's wrapper: the blocks of each stack, and per-layer lists built
     from them (the encoder graph's cross-attentions)."""
     return {path: list(module) for path, module in wrapper.named_modules() if isinstance(module, nn.ModuleList)}
+
+
+# Per-layer attributes that do not change what a layer computes.
+_LAYER_NUMBERING = {"layer_idx"}
+
+
+def _structure(unit: nn.Module) -> list:
+    """What a layer computes, as far as the module tree tells: each submodule's class and settings (`repr`, plain
+    attributes, names of other attributes such as a patched `forward`) and its parameters' shapes and dtypes."""
+    described = []
+    for name, module in unit.named_modules():
+        attributes = {
+            key: value if isinstance(value, (bool, int, float, str, type(None))) else type(value).__name__
+            for key, value in vars(module).items()
+            if not key.startswith("_") and key not in _LAYER_NUMBERING and key != "training"
+        }
+        parameters = [(key, tuple(p.shape), p.dtype) for key, p in module.named_parameters(recurse=False)]
+        described.append((name, type(module).__qualname__, module.extra_repr(), sorted(attributes.items()), parameters))
+    return described
+
+
+def _check_alike(path: str, units: list[nn.Module]) -> None:
+    """Refuse to stamp layers that differ from the traced second one (a layer-specific activation, a patched
+    forward, another width): each clone is a copy of the second layer's nodes."""
+    template = _structure(units[1])
+    for layer in range(TEMPLATE_LAYERS, len(units)):
+        if _structure(units[layer]) != template:
+            raise StampingRefused(f"{path}.{layer} is built differently from {path}.1")
 
 
 @dataclass(frozen=True)
