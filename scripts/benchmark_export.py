@@ -14,6 +14,7 @@ the quantized one). "process" is the command's whole wall time, Python start and
 
     python scripts/benchmark_export.py                                   # everything: about 15 min on 2 cores
     python scripts/benchmark_export.py --models smollm2 --precisions fp32 --markdown docs/results/export_time.md
+    python scripts/benchmark_export.py --decode STAMPED_FOLDER TRACED_FOLDER --rounds 3   # the graphs decode alike
 
 Only public tools: the `vaswani` command line and its progress lines.
 """
@@ -112,8 +113,66 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+DECODE_PROMPT, DECODE_TOKENS = 42, 64
+
+
+def decode_child(folder: Path) -> None:
+    """Greedy decode speed of one exported folder (this process only): a 42-token prompt, 64 new tokens, after a
+    warm-up; prints JSON with tokens per second and the tokens."""
+    import torch
+
+    from vaswani.conversion import OrtModelForCausalLM
+
+    model = OrtModelForCausalLM.from_pretrained(folder)
+    prompt = torch.randint(3, model.config.vocab_size, (1, DECODE_PROMPT), generator=torch.Generator().manual_seed(0))
+    settings = dict(do_sample=False, max_new_tokens=DECODE_TOKENS, min_new_tokens=DECODE_TOKENS)
+    model.generate(
+        prompt, attention_mask=torch.ones_like(prompt), **{**settings, "max_new_tokens": 8, "min_new_tokens": 8}
+    )
+    start = time.perf_counter()
+    tokens = model.generate(prompt, attention_mask=torch.ones_like(prompt), **settings)[0, DECODE_PROMPT:].tolist()
+    print(json.dumps({"tok_s": DECODE_TOKENS / (time.perf_counter() - start), "tokens": tokens}))
+
+
+def compare_decode(folders: dict[str, Path], rounds: int) -> str:
+    """Decode tok/s of exported folders, each run in a process of its own, alternating, over `rounds` rounds."""
+    runs = {name: [] for name in folders}
+    tokens = {}
+    for _ in range(rounds):
+        for name, folder in folders.items():
+            command = [sys.executable, __file__, "--decode-child", str(folder)]
+            result = json.loads(
+                subprocess.run(command, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
+            )
+            runs[name].append(result["tok_s"])
+            tokens[name] = result["tokens"]
+            print(f"decode {name}: {result['tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
+    same = len({tuple(value) for value in tokens.values()}) == 1
+    lines = [
+        f"Decode speed (ONNX Runtime, batch 1, {DECODE_PROMPT}-token prompt, {DECODE_TOKENS} greedy tokens, each run "
+        f"in its own process, alternating, {rounds} rounds; tok/s, median [all runs]):",
+        "",
+        "| export | tok/s | runs |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {name} | {statistics.median(values):.1f} | {', '.join(f'{value:.1f}' for value in values)} |"
+        for name, values in runs.items()
+    ]
+    lines += ["", f"Greedy tokens identical across exports: {'yes' if same else 'NO'}."]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--decode-child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--decode",
+        type=Path,
+        nargs=2,
+        metavar=("STAMPED", "TRACED"),
+        help="instead: compare the decode speed of two exported folders (stamped, full trace)",
+    )
     parser.add_argument("--hf", type=Path, default=Path("/tmp/smol/hf"), help="SmolLM2's transformers folder")
     parser.add_argument("--models", default="smollm2,30,60", help="comma-separated: smollm2, 30, 60")
     parser.add_argument("--precisions", default="fp32,int8,int4", help="comma-separated: fp32, int8, int4")
@@ -121,6 +180,14 @@ def main() -> None:
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/benchmark_export"))
     parser.add_argument("--markdown", type=Path, help="also write the table here")
     args = parser.parse_args()
+    if args.decode_child:
+        return decode_child(args.decode_child)
+    if args.decode:
+        table = compare_decode({"stamped": args.decode[0], "full trace": args.decode[1]}, args.rounds)
+        print(table)
+        if args.markdown:
+            args.markdown.write_text(table + "\n")
+        return None
     models = args.models.split(",")
     precisions = args.precisions.split(",")
     args.work_dir.mkdir(parents=True, exist_ok=True)
