@@ -32,13 +32,16 @@ from vaswani.conversion.onnx.contract import positions_from_mask  # noqa: E402
 
 LAYERS = 4
 LLAMA_STYLE = {"norm_type": "rmsnorm", "gated_ffn": True, "hidden_act": "silu"}
+# case -> (position type, config overrides, export options): each position type at the CPU's default opset, and a
+# CUDA-style export (fp16, opset 20: attention as plain math) run on the CPU.
 DECODERS = {
-    "rope": dict(num_key_value_heads=2, **LLAMA_STYLE),
-    "alibi": dict(num_key_value_heads=1),
-    "learned": dict(num_key_value_heads=4, norm_position="post"),
-    "sinusoidal": dict(num_key_value_heads=2),
-    "none": dict(num_key_value_heads=1),
-    "relative_bias": dict(num_key_value_heads=2),
+    "rope": ("rope", dict(num_key_value_heads=2, **LLAMA_STYLE), {}),
+    "alibi": ("alibi", dict(num_key_value_heads=1), {}),
+    "learned": ("learned", dict(num_key_value_heads=4, norm_position="post"), {}),
+    "sinusoidal": ("sinusoidal", dict(num_key_value_heads=2), {}),
+    "none": ("none", dict(num_key_value_heads=1), {}),
+    "relative_bias": ("relative_bias", dict(num_key_value_heads=2), {}),
+    "rope-fp16-opset20": ("rope", dict(num_key_value_heads=2, **LLAMA_STYLE), dict(dtype="fp16", opset=20)),
 }
 
 
@@ -78,7 +81,7 @@ def causal_steps(folder, manifest, vocab_size):
     graph = manifest["graphs"]["model"]
     ids, mask = random_ids(2, 5, vocab_size).numpy(), padding_mask([5, 3], 5, "left").numpy()
     past = {
-        spec["name"]: np.zeros((2, spec["shape"][1], 0, spec["shape"][3]), np.float32)
+        spec["name"]: np.zeros((2, spec["shape"][1], 0, spec["shape"][3]), spec["dtype"])
         for spec in graph["inputs"]
         if spec["name"].startswith("past_key_values.")
     }
@@ -101,13 +104,12 @@ def causal_steps(folder, manifest, vocab_size):
     }
 
 
-@pytest.mark.parametrize("position_embedding_type", DECODERS)
-def test_stamped_decoder_export_is_the_full_trace(position_embedding_type, tmp_path):
-    config = tiny_decoder_config(
-        position_embedding_type=position_embedding_type, num_hidden_layers=LAYERS, **DECODERS[position_embedding_type]
-    )
+@pytest.mark.parametrize("case", DECODERS)
+def test_stamped_decoder_export_is_the_full_trace(case, tmp_path):
+    position_embedding_type, overrides, options = DECODERS[case]
+    config = tiny_decoder_config(position_embedding_type=position_embedding_type, num_hidden_layers=LAYERS, **overrides)
     model = build_model(VaswaniForCausalLM, config, "sdpa")
-    stamped, lines, full = export_both(model, tmp_path, "text-generation")
+    stamped, lines, full = export_both(model, tmp_path, "text-generation", **options)
     assert any(f"of 2 layers, stamped to {LAYERS}" in line for line in lines), lines
     assert not any("refused" in line for line in lines), lines
     assert stamped.validation.passed  # against the full PyTorch model, at the fp32 tolerance
@@ -120,7 +122,7 @@ def test_stamped_decoder_export_is_the_full_trace(position_embedding_type, tmp_p
 
 def test_stamped_int8_export_is_the_full_trace(tmp_path):
     """Quantization runs on the stamped graph as on the traced one: the same MatMulNBits weights, the same outputs."""
-    config = tiny_decoder_config(num_hidden_layers=LAYERS, **DECODERS["rope"])
+    config = tiny_decoder_config(num_hidden_layers=LAYERS, **DECODERS["rope"][1])
     model = build_model(VaswaniForCausalLM, config, "sdpa")
     stamped, _, full = export_both(model, tmp_path, "text-generation", quantize="int8")
     assert stamped.manifest["quantization"] == "int8-weight-only" and stamped.validation.passed

@@ -216,9 +216,31 @@ class _Stamper:
         fingerprints: dict[int, torch.Tensor],
     ) -> None:
         self.graph, self.path, self.real_units = graph, path, real_units
-        self.units = [[node for node in graph if f"{path}.{unit}" in _scopes(node)] for unit in range(TEMPLATE_LAYERS)]
+        self.units = self._find_units()
         self.weights = self._find_weights(template_units, fingerprints)
         self.layer_inputs = [self._find_layer_inputs(unit) for unit in range(TEMPLATE_LAYERS)]
+
+    def _find_units(self) -> list[list[onnx_ir.Node]]:
+        """Each template unit's nodes, in graph order: those traced in its scope, and those the exporter's optimizer
+        created without any scope (a Split replacing two Slices) that only that unit's nodes read."""
+        unit_of: dict[onnx_ir.Node, int] = {}
+        unscoped = []
+        for node in self.graph:
+            scopes = _scopes(node)
+            if not scopes:
+                unscoped.append(node)
+            for unit in range(TEMPLATE_LAYERS):
+                if f"{self.path}.{unit}" in scopes:
+                    unit_of[node] = unit
+        for node in reversed(unscoped):  # readers first, so a chain of unscoped nodes is adopted whole
+            readers = {unit_of.get(use.node) for output in node.outputs for use in output.uses()}
+            if (
+                len(readers) == 1
+                and None not in readers
+                and not any(output.is_graph_output() for output in node.outputs)
+            ):
+                unit_of[node] = readers.pop()
+        return [[node for node in self.graph if unit_of.get(node) == unit] for unit in range(TEMPLATE_LAYERS)]
 
     def _find_weights(self, template_units: list[nn.Module], fingerprints: dict[int, torch.Tensor]) -> dict:
         """{initializer: _Weight} for every initializer holding a template unit's fingerprint, as is or transposed."""
