@@ -303,9 +303,9 @@ def export_onnx(
     specs = build_graph_specs(export_model, task, DTYPES[dtype])
 
     with staged_folder(output_dir) as staging:
-        graphs = _trace_graphs(export_model, task, specs, DTYPES[dtype], device, opset, stamp_layers, say)
+        graphs = _export_graphs(export_model, task, specs, DTYPES[dtype], device, opset, stamp_layers, say)
         for spec in specs:
-            save_graph(finish_graph(graphs.pop(spec.name), spec), staging / spec.file)
+            save_graph(graphs.pop(spec.name), staging / spec.file)
         _write_side_files(staging, module, task, source)
 
         def write_manifest_and_validate(stage_quantization) -> ValidationReport | None:
@@ -356,7 +356,7 @@ def export_onnx(
     return ExportResult(output_dir, manifest, report)
 
 
-def _trace_graphs(
+def _export_graphs(
     model: PreTrainedModel,
     task: str,
     specs: list[GraphSpec],
@@ -366,26 +366,27 @@ def _trace_graphs(
     stamp_layers: bool,
     say: Callable[[str], None],
 ) -> dict[str, onnx_ir.Model]:
-    """Each spec's traced graph: stamped from a two-layer trace where the model is deeper and stamping is safe
-    (`stamping.py`), else traced whole."""
+    """Each spec's graph as it ships: stamped from a two-layer trace where the model is deeper and stamping is safe
+    (`stamping.py`), else traced whole (`export_graph`)."""
     depths = stamping_depths(model) if stamp_layers else {}
     if depths:
         layers = " and ".join(str(depth) for depth in depths.values())
         say(f"Exporting graphs {[spec.name for spec in specs]}: torch.onnx.export(dynamo=True) of {TEMPLATE_LAYERS} "
             f"layers, stamped to {layers}")
         try:
-            return stamped_graphs(
+            graphs = stamped_graphs(
                 model,
                 specs,
                 lambda: build_graph_specs(model, task, dtype),
                 lambda spec: trace_graph(spec, model.config, device, opset),
             )
+            return {spec.name: finish_graph(graphs[spec.name], spec) for spec in specs}
         except StampingRefused as refusal:
             say(f"Stamping refused ({refusal}); tracing every layer instead")
     graphs = {}
     for spec in specs:
         say(f"Exporting graph {spec.name!r} with torch.onnx.export(dynamo=True)")
-        graphs[spec.name] = trace_graph(spec, model.config, device, opset)
+        graphs[spec.name] = export_graph(spec, model.config, device, opset)
     return graphs
 
 
