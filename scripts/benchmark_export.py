@@ -20,9 +20,11 @@ Only public tools: the `vaswani` command line and its progress lines.
 """
 
 import argparse
+import ast
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -179,7 +181,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds; the table shows medians")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/benchmark_export"))
     parser.add_argument("--markdown", type=Path, help="also write the table here")
+    parser.add_argument(
+        "--render-log",
+        type=Path,
+        help="instead: render the table from the progress log (stderr) of a run that was stopped before its end",
+    )
     args = parser.parse_args()
+    if args.render_log:
+        rows, convert = rows_from_log(args.render_log.read_text())
+        table = render(rows, convert, None, None, args.rounds)
+        print(table)
+        if args.markdown:
+            args.markdown.write_text(table + "\n")
+        return None
     if args.decode_child:
         return decode_child(args.decode_child)
     if args.decode:
@@ -245,6 +259,30 @@ def main() -> None:
         (args.markdown.with_suffix(".json")).write_text(json.dumps({"rows": rows, "convert": convert}, indent=1) + "\n")
 
 
+def rows_from_log(text: str) -> tuple[list[dict], dict | None]:
+    """The table rows of a run's progress log (one round): `MODEL PRECISION METHOD: {stages}` lines."""
+    rows, convert = [], None
+    for line in text.splitlines():
+        if line.startswith("convert smollm2: "):
+            convert = ast.literal_eval(line.partition(": ")[2])
+        match = re.match(r"^(\S+) (\S+) (stamped|full trace): (\{.*\})$", line)
+        if match is None:
+            continue
+        model, precision, method, stages = match[1], match[2], match[3], ast.literal_eval(match[4])
+        smollm2 = model == "smollm2"
+        rows.append(
+            {
+                "model": "SmolLM2-135M-Instruct" if smollm2 else "random (timing only)",
+                "layers": 30 if smollm2 else RANDOM_DEPTHS[model],
+                "precision": precision,
+                "method": method + ("" if method == "full trace" or stages["stamped"] else " (refused)"),
+                "convert": convert["process"] if smollm2 and convert else None,
+                **stages,
+            }
+        )
+    return rows, convert
+
+
 def _median_dicts(runs: list[dict]) -> dict:
     keys = runs[0].keys()
     merged = {}
@@ -263,9 +301,13 @@ def render(rows: list[dict], convert: dict | None, load_before, load_after, roun
         "# Export time: layer stamping against the full trace",
         "",
         f"`python scripts/benchmark_export.py` on {cpu_name()}, {os.cpu_count()} cores; each command in its own "
-        f"process, stamped and full-trace exports alternating; {rounds} round(s) (medians). Load average "
-        f"{load_before[0]:.1f} at the start and {load_after[0]:.1f} at the end (1-minute; a shared machine inflates "
-        "every figure, compare rows measured side by side). Seconds, wall clock.",
+        f"process, stamped and full-trace exports alternating; {rounds} round(s) (medians). "
+        + (
+            "Rendered from the run's progress log (`--render-log`). "
+            if load_before is None
+            else f"Load average {load_before[0]:.1f} at the start and {load_after[0]:.1f} at the end (1-minute). "
+        )
+        + "A shared machine inflates every figure: compare rows measured side by side. Seconds, wall clock.",
         "",
         "| model | layers | precision | method | convert | export | quantize | validation | `vaswani export` process |",
         "|---|---|---|---|---|---|---|---|---|",
