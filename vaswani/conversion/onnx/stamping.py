@@ -267,6 +267,8 @@ class _Stamper:
         found = [{(w.parameter, w.transposed) for w in weights.values() if w.unit == unit} for unit in range(2)]
         if found[0] != found[1]:
             raise StampingRefused(f"{self.path}.0 and {self.path}.1 use different weights: {found[0] ^ found[1]}")
+        if len(set(weights.values())) != len(weights):
+            raise StampingRefused(f"a weight of {self.path} is held by two initializers")
         return weights
 
     # ------------------------------------------------------------------------------------------------- analysis
