@@ -383,6 +383,8 @@ def _export_graphs(
             return {spec.name: finish_graph(graphs[spec.name], spec) for spec in specs}
         except StampingRefused as refusal:
             say(f"Stamping refused ({refusal}); tracing every layer instead")
+        except Exception as error:  # noqa: BLE001  a stamper defect must not cost the export: trace it whole
+            say(f"Stamping failed ({type(error).__name__}: {error}); tracing every layer instead")
     graphs = {}
     for spec in specs:
         say(f"Exporting graph {spec.name!r} with torch.onnx.export(dynamo=True)")
