@@ -19,8 +19,12 @@ order), and the export validates it against the full PyTorch model as always. An
 (a node of a block that reads another block's values, a weight the exporter transformed, a block whose work leaks
 outside its scope) raises `StampingRefused`, and the caller traces the whole model instead.
 
-Example:
-    >>> graphs = stamped_graphs(model, task, specs, trace)  # {graph name: onnx_ir.Model}, or StampingRefused
+Example (what `export_onnx` does; `trace_graph` keeps the exporter's node metadata, which stamping reads):
+    >>> specs = build_graph_specs(model, "text-generation", torch.float32)
+    >>> graphs = stamped_graphs(
+    ...     model, specs, lambda: build_graph_specs(model, "text-generation", torch.float32),
+    ...     lambda spec: trace_graph(spec, model.config, "cpu", 23),
+    ... )  # {graph name: onnx_ir.Model}; raises StampingRefused when unsafe
 """
 
 import ast
