@@ -118,6 +118,11 @@ def _add_export_parser(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         help="ONNX opset (default: 23 on cpu, whose Attention/RotaryEmbedding ops run fastest; 20 for older runtimes)",
     )
+    parser.add_argument(
+        "--full-trace",
+        action="store_true",
+        help="trace every layer (slower, grows with depth) instead of tracing two and stamping the rest",
+    )
     parser.set_defaults(run=_run_export)
 
 
@@ -142,6 +147,7 @@ def _run_export(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             tolerance=args.tolerance,
             opset=args.opset,
+            stamp_layers=not args.full_trace,
             progress=lambda message: print(message, file=sys.stderr, flush=True),
         )
     except OnnxValidationError as error:

@@ -14,6 +14,7 @@ import torch
 import transformers
 from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel
+from transformers.initialization import no_init_weights
 
 from ...modeling import VaswaniConfig, VaswaniEncoderConfig, VaswaniPreTrainedModel, VaswaniSeq2SeqConfig
 from .architecture import StateDict
@@ -129,7 +130,12 @@ def from_transformers(model: PreTrainedModel) -> VaswaniPreTrainedModel:
     architecture, target_class = ARCHITECTURES[model_type], TARGET_CLASSES[class_name]
     config = architecture.config_from(model.config)
     _mirror_structure(model, config)
-    converted = target_class(config).to(model.dtype)
+    # Every weight is overwritten below (`_load_weights` refuses a missing one): random initialization of a 135M model
+    # would cost more than the copy.
+    with no_init_weights():
+        converted = target_class(config)
+    converted.tie_weights()  # `no_init_weights` skips the tying that `post_init` does
+    converted = converted.to(model.dtype)
 
     prefix = _base_prefix(model)
     state_dict = {name.removeprefix(prefix): tensor for name, tensor in model.state_dict().items()}

@@ -50,6 +50,7 @@ from .formulations import LLM_OPSET, exporting_formulations, fuse_sibling_matmul
 from .int4 import CALIBRATION_WINDOW, calibrate, calibration_windows
 from .ort_llm import attention_form_plan, rewrite_decoder_attention
 from .postprocess import optimize_graph, quantization_format, quantize_graph
+from .stamping import TEMPLATE_LAYERS, StampingRefused, stamped_graphs, stamping_depths
 from .tasks import GENERATION_TASKS, cast_model, family_of, infer_task, load_for_task, task_model
 from .validation import ValidationReport, validate_onnx_export
 from .wrappers import build_graph_specs
@@ -95,6 +96,11 @@ def _quiet_exporter() -> Iterator[None]:
 
 def export_graph(spec: GraphSpec, config: PreTrainedConfig, device: str, opset: int | None) -> onnx_ir.Model:
     """Trace one graph with `torch.onnx.export(dynamo=True)` and name its axes as the spec says."""
+    return finish_graph(trace_graph(spec, config, device, opset), spec)
+
+
+def trace_graph(spec: GraphSpec, config: PreTrainedConfig, device: str, opset: int | None) -> onnx_ir.Model:
+    """`torch.onnx.export(dynamo=True)` of one graph, with the exporter's node metadata (module scopes) kept."""
     generator = torch.Generator().manual_seed(0)
     tensors = example_inputs(spec.inputs, TRACE_SIZES, config, generator)
     tensors = {name: tensor.to(device) for name, tensor in tensors.items()}
@@ -129,7 +135,11 @@ def export_graph(spec: GraphSpec, config: PreTrainedConfig, device: str, opset: 
             optimize=True,
             verbose=False,
         )
-    model = program.model
+    return program.model
+
+
+def finish_graph(model: onnx_ir.Model, spec: GraphSpec) -> onnx_ir.Model:
+    """A traced (or stamped) graph as it ships: metadata dropped, sibling MatMuls fused, axes named as the spec says."""
     for node in model.graph.all_nodes():
         # The exporter annotates nodes with stack traces and local source paths: not for a shipped artifact.
         node.metadata_props.clear()
@@ -200,6 +210,7 @@ def export_onnx(
     validate: bool = True,
     tolerance: float | None = None,
     opset: int | None = None,
+    stamp_layers: bool = True,
     progress: Progress = None,
 ) -> ExportResult:
     """Export a vaswani model (or a saved folder) to an ONNX folder, validated against PyTorch.
@@ -240,6 +251,9 @@ def export_onnx(
         opset: ONNX opset. Default: `LLM_OPSET` on the CPU, where its Attention and RotaryEmbedding ops run
             fastest; the exporter's own default for CUDA (20 with torch 2.13), where those ops are not validated
             yet. Below `LLM_OPSET`, attention and rotary export as plain math (more, smaller nodes).
+        stamp_layers: trace a two-layer copy of the model and stamp its second layer once per further layer
+            (`stamping.py`): the export then takes about the same time at any depth. Where a graph cannot be stamped
+            safely the whole model is traced instead (the progress line says why); False always traces it whole.
         progress: called with a line of text at each stage (the CLI prints them).
 
     Example:
@@ -300,9 +314,9 @@ def export_onnx(
     form = {"attention_form": "portable"}
 
     with staged_folder(output_dir) as staging:
+        graphs = _export_graphs(export_model, task, specs, DTYPES[dtype], device, opset, stamp_layers, say)
         for spec in specs:
-            say(f"Exporting graph {spec.name!r} with torch.onnx.export(dynamo=True)")
-            save_graph(export_graph(spec, export_model.config, device, opset), staging / spec.file)
+            save_graph(graphs.pop(spec.name), staging / spec.file)
         _write_side_files(staging, module, task, source)
 
         def write_manifest_and_validate(stage_quantization) -> ValidationReport | None:
@@ -359,6 +373,42 @@ def export_onnx(
             path.chmod(0o666 & ~_umask())  # some writers create private files; the export is ordinary data
     say(f"Wrote {output_dir}")
     return ExportResult(output_dir, manifest, report)
+
+
+def _export_graphs(
+    model: PreTrainedModel,
+    task: str,
+    specs: list[GraphSpec],
+    dtype: torch.dtype,
+    device: str,
+    opset: int | None,
+    stamp_layers: bool,
+    say: Callable[[str], None],
+) -> dict[str, onnx_ir.Model]:
+    """Each spec's graph as it ships: stamped from a two-layer trace where the model is deeper and stamping is safe
+    (`stamping.py`), else traced whole (`export_graph`)."""
+    depths = stamping_depths(model) if stamp_layers else {}
+    if depths:
+        layers = " and ".join(str(depth) for depth in depths.values())
+        say(f"Exporting graphs {[spec.name for spec in specs]}: torch.onnx.export(dynamo=True) of {TEMPLATE_LAYERS} "
+            f"layers, stamped to {layers}")
+        try:
+            graphs = stamped_graphs(
+                model,
+                specs,
+                lambda: build_graph_specs(model, task, dtype),
+                lambda spec: trace_graph(spec, model.config, device, opset),
+            )
+            return {spec.name: finish_graph(graphs[spec.name], spec) for spec in specs}
+        except StampingRefused as refusal:
+            say(f"Stamping refused ({refusal}); tracing every layer instead")
+        except Exception as error:  # noqa: BLE001  a stamper defect must not cost the export: trace it whole
+            say(f"Stamping failed ({type(error).__name__}: {error}); tracing every layer instead")
+    graphs = {}
+    for spec in specs:
+        say(f"Exporting graph {spec.name!r} with torch.onnx.export(dynamo=True)")
+        graphs[spec.name] = export_graph(spec, model.config, device, opset)
+    return graphs
 
 
 def _umask() -> int:

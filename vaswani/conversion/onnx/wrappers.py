@@ -83,6 +83,18 @@ class CausalLMWithCache(nn.Module):
         return (_output_tensor("logits", logits), *_flatten_cache(outputs.past_key_values))
 
 
+class CrossKeyValues(nn.Module):
+    """One decoder layer's cross-attention keys and values of the encoder output, as a module call: the exporter then
+    records each layer's nodes in its own scope (`cross_key_values.{i}`), which layer stamping reads."""
+
+    def __init__(self, attention: nn.Module) -> None:
+        super().__init__()
+        self.attention = attention
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.attention.project_key_value(hidden_states)
+
+
 class Seq2SeqEncoderWithCrossCache(nn.Module):
     """The encoder graph: the encoder output and, when `with_cross_cache`, each decoder layer's cross-attention keys
     and values, projected once per source sequence by that layer's own projections."""
@@ -91,11 +103,11 @@ class Seq2SeqEncoderWithCrossCache(nn.Module):
         super().__init__()
         self.encoder = model.get_encoder()
         layers = model.get_decoder().layers if with_cross_cache else []
-        self.cross_attentions = nn.ModuleList(layer.cross_attn for layer in layers)
+        self.cross_key_values = nn.ModuleList(CrossKeyValues(layer.cross_attn) for layer in layers)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         hidden_states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        cross = [tensor for attention in self.cross_attentions for tensor in attention.project_key_value(hidden_states)]
+        cross = [tensor for project in self.cross_key_values for tensor in project(hidden_states)]
         return (hidden_states, *cross)
 
 
