@@ -87,6 +87,7 @@ SYSTEMS = {
     "CTranslate2 int8": ("ctranslate2", "8-bit", "ct2-int8"),
     "vaswani ORT int4": ("vaswani-ort", "4-bit", "vaswani-onnx-int4"),
     "vaswani ORT int4, portable": ("vaswani-ort", "4-bit", "vaswani-onnx-int4-portable"),
+    "vaswani ORT int4, --int4-mlp-out-bits 8": ("vaswani-ort", "4-bit", "vaswani-onnx-int4-mlp8"),
     "onnxruntime-genai int4": ("ortgenai", "4-bit", "ortgenai-int4"),
     "llama.cpp Q4_1": ("llamacpp", "4-bit", "gguf"),
     # llama.cpp at its best: GGUFs made from --model by llama.cpp's converter and quantizer (Q4_0 and Q4_K have
@@ -218,6 +219,8 @@ def build(recipe: str, args: argparse.Namespace, times: dict) -> Path:
         ]
         if precision == "fp32-optimized":
             command += ["--optimize"]
+        elif precision == "int4-mlp8":  # the MLP output projections kept in 8 bits
+            command += ["--quantize", "int4", "--int4-mlp-out-bits", "8"]
         elif precision != "fp32":  # int8, int4, or e.g. int8-block128
             quantize, _, block = precision.partition("-block")
             command += ["--quantize", quantize, *(["--block-size", block] if block else [])]
