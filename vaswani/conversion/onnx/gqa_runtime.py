@@ -317,7 +317,7 @@ def _greedy_numpy(
     logits = state.logits.numpy()[:, 0]  # the step's output buffer, a view
     tokens, seqlens, total = state.tokens.numpy(), state.seqlens.numpy(), state.total.numpy()
     sequences = ids.numpy()
-    eos = None if stops.eos_token_id is None else stops.eos_token_id.numpy()
+    eos = None if stops.eos_token_id is None else stops.eos_token_id.numpy().reshape(-1)
     unfinished = np.ones(ids.shape[0], dtype=bool)
     run, binding = decoder.session.run_with_iobinding, state.binding
     while True:
@@ -329,7 +329,7 @@ def _greedy_numpy(
         if stops.max_length is not None and length >= stops.max_length:
             break
         if eos is not None:
-            unfinished &= ~np.isin(next_tokens, eos)
+            unfinished &= ~(next_tokens[:, None] == eos).any(1)  # np.isin costs 20 us a call
             if not unfinished.any():
                 break
         if length >= decoder.max_positions:
