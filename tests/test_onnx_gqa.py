@@ -70,24 +70,6 @@ def test_export_rewrites_each_layer_into_one_group_query_attention(folders, mode
     assert {"seqlens_k", "total_sequence_length", "query_seqlens"} <= set(inputs)
 
 
-@pytest.mark.parametrize("quantization", ["fp32", "int8"])
-def test_the_mlp_products_are_split_back_and_no_split_node_remains(folders, model, quantization):
-    """The exporter fuses sibling products (q/k/v, gate/up) into one product and a Split; the GQA form reads q/k/v
-    packed and undoes the gate/up fusion (its Split costs more than the wide product saves), so no Split remains and
-    the MLP runs two products per layer where the portable graph runs one. The logits tests check the numbers."""
-
-    def op_types(folder) -> list[str]:
-        return [node.op_type for node in onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.node]
-
-    portable = op_types(folders[f"portable-{quantization}"])
-    gqa = op_types(folders[f"gqa-{quantization}"])
-    layers = model.config.num_hidden_layers
-    assert portable.count("Split") == 2 * layers  # q/k/v and gate/up, fused at export
-    assert "Split" not in gqa
-    product = "MatMul" if quantization == "fp32" else "MatMulNBits"
-    assert gqa.count(product) == portable.count(product) + layers
-
-
 def test_plain_fp32_export_stays_portable(folders):
     assert load(folders, "portable-fp32").manifest["attention_form"] == "portable"
     assert "GroupQueryAttention" not in attention_ops(folders["portable-fp32"])

@@ -26,7 +26,6 @@ Example:
     >>> form["attention_form"]   # "gqa", or "portable" with the reason in form["attention_form_note"]
 """
 
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,11 +95,9 @@ def rewrite_decoder_attention(
             refusal = str(error)
         else:
             fused = fuse_residual_norms(path)
-            split = split_fused_products(path)
             say(
                 f"Rewrote {layers} attention layers into ONNX Runtime's GroupQueryAttention (in-place KV buffer)"
                 + (f", fused {fused} residual Add + RMSNorm pairs" if fused else "")
-                + (f", split {split} fused MLP products back into their parts" if split else "")
             )
             return {"attention_form": FORM_GQA}
     say(f"Keeping the portable attention graph: no GroupQueryAttention form for {refusal}")
@@ -123,117 +120,6 @@ def fuse_residual_norms(path: Path) -> int:
         Path(f"{path}.data").unlink()  # every weight is in memory; the file is written anew
         save_graph(model, path)
     return fused
-
-
-def split_fused_products(path: Path) -> int:
-    """Undo `fuse_sibling_matmuls` where GroupQueryAttention does not read the packed product (the MLP's gate/up
-    pair): each part of a constant-weight MatMul or MatMulNBits followed by a Split becomes its own product over its
-    rows (MatMulNBits) or columns (MatMul) of the weights. Returns how many Splits it removed.
-
-    Why: in this form the fused product's Split is a separate dispatch and a copy of the activations per layer
-    (1.2 ms a step in int4 on SmolLM2-135M, 30 layers), more than the wide product saves over two; the QKV product
-    keeps its fusion because the attention node takes it packed (no Split). The numbers are unchanged: every output
-    column is the same dot product over the same (quantized) weights."""
-    import onnx
-    from onnx import numpy_helper
-
-    from .contract import save_graph
-
-    path = Path(path)
-    model = onnx.load(str(path), load_external_data=False)
-    producers = {output: node for node in model.graph.node for output in node.output}
-    constants = {tensor.name for tensor in model.graph.initializer}
-    readers = Counter(name for node in model.graph.node for name in node.input)
-    if not any(_splittable(node, producers, constants, readers) for node in model.graph.node):
-        return 0
-    model = onnx.load(str(path), load_external_data=True)
-    graph = model.graph
-    producers = {output: node for node in graph.node for output in node.output}
-    initializers = {tensor.name: tensor for tensor in graph.initializer}
-    readers = Counter(name for node in graph.node for name in node.input)
-    nodes, removed, dropped = [], 0, set()
-
-    def part_of(name: str, index: int, columns: slice, axis: int) -> str:
-        array = numpy_helper.to_array(initializers[name])
-        part = array[columns] if axis == 0 else array[:, columns]
-        tensor = numpy_helper.from_array(np.ascontiguousarray(part), f"{name}.part{index}")
-        graph.initializer.append(tensor)
-        dropped.add(name)
-        return tensor.name
-
-    for node in graph.node:
-        found = _splittable(node, producers, set(initializers), readers)
-        if found is None:
-            nodes.append(node)
-            continue
-        product, add = found
-        for fused in (product, add):
-            if fused is not None:
-                nodes.remove(fused)  # a producer precedes its reader in the topologically sorted node list
-        widths = numpy_helper.to_array(initializers[node.input[1]]).tolist()
-        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in product.attribute}
-        # MatMulNBits keeps one row of blocks (and of scales, zero points, bias) per output column; MatMul's weight
-        # is (in, out); a bias is (out,).
-        axis = 0 if product.op_type == "MatMulNBits" else 1
-        start = 0
-        for index, (width, output) in enumerate(zip(widths, node.output)):
-            columns = slice(start, start + width)
-            weights = [name and part_of(name, index, columns, axis) for name in product.input[1:]]  # '': absent
-            if product.op_type == "MatMulNBits":
-                attributes["N"] = width
-            name = f"{product.name}.part{index}"
-            product_output = output if add is None else f"{name}.product"
-            nodes.append(
-                onnx.helper.make_node(
-                    product.op_type,
-                    [product.input[0], *weights],
-                    [product_output],
-                    name,
-                    domain=product.domain,
-                    **attributes,
-                )
-            )
-            if add is not None:
-                bias = next(value for value in add.input if value in initializers)
-                nodes.append(
-                    onnx.helper.make_node(
-                        "Add", [product_output, part_of(bias, index, columns, 0)], [output], f"{name}.bias"
-                    )
-                )
-            start += width
-        dropped.add(node.input[1])
-        removed += 1
-    del graph.node[:]
-    graph.node.extend(nodes)
-    kept = [tensor for tensor in graph.initializer if tensor.name not in dropped]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    Path(f"{path}.data").unlink()  # every weight is in memory; the file is written anew
-    save_graph(model, path)
-    return removed
-
-
-def _splittable(split, producers: dict, constants: set, readers: Counter):
-    """(product, bias Add or None) when `split` divides a product by constant weights (plus a constant bias) that
-    nothing else reads, else None."""
-    if split.op_type != "Split" or split.domain not in ("", "ai.onnx") or len(split.input) != 2:
-        return None
-    if split.input[1] not in constants:
-        return None
-    product, add = producers.get(split.input[0]), None
-    if product is not None and product.op_type == "Add" and product.domain == "":
-        add, biases = product, [name for name in product.input if name in constants]
-        sources = [producers.get(name) for name in product.input if name not in constants]
-        if len(biases) != 1 or len(sources) != 1 or readers[split.input[0]] != 1:
-            return None
-        product = sources[0]
-    if product is None or (product.op_type, product.domain) not in (("MatMul", ""), ("MatMulNBits", MS_DOMAIN)):
-        return None
-    if not {name for name in product.input[1:] if name} <= constants or readers[product.output[0]] != 1:
-        return None
-    if product.op_type == "MatMulNBits" and len(product.input) > 4 and product.input[4]:
-        return None  # a g_idx (act-order) input is not split by output rows
-    return product, add
 
 
 def rope_tables(model: PreTrainedModel) -> tuple[np.ndarray, np.ndarray]:
