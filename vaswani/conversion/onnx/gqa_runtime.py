@@ -251,7 +251,8 @@ def gqa_sample(
 ) -> torch.Tensor | None:
     """The lean greedy/sampling loop (`OrtModelForGeneration._sample`) on a GroupQueryAttention-form graph: the same
     processors, stopping criteria and random draws, one preallocated buffer per cache tensor for the whole call, and
-    per step only the token, two lengths and the run. Returns None when the prompt is not left-padded (its last
+    per step only the token, two lengths and the run; plain greedy search (no processor, the standard criteria) runs
+    that on numpy views of the bound buffers (`_greedy_numpy`). Returns None when the prompt is not left-padded (its last
     column is padding) or `position_ids` are not the mask's: transformers' loop then runs it through `forward`."""
     batch, length = input_ids.shape
     if not positions_follow_mask(position_ids, attention_mask, input_ids.shape):
