@@ -117,6 +117,28 @@ def test_greedy_tokens_match_pytorch_generate(folders, model, lengths, loop, mon
     assert torch.equal(ort_model.generate(ids, **options), expected)
 
 
+def test_plain_greedy_search_with_an_early_end_of_sequence_matches_pytorch(folders, model, monkeypatch):
+    """Plain greedy search (no logits processor) takes the numpy loop: one row reaches the end-of-sequence token
+    early and is padded from then on, as in transformers' loop, the others go on to max_new_tokens."""
+    from vaswani.conversion.onnx import gqa_runtime
+
+    ort_model = load(folders, "gqa-fp32")
+    monkeypatch.setattr(ort_model, "forward", lambda *args, **kwargs: pytest.fail("forward ran"))
+    calls = []
+    numpy_loop = gqa_runtime._greedy_numpy
+    monkeypatch.setattr(gqa_runtime, "_greedy_numpy", lambda *args: calls.append(1) or numpy_loop(*args))
+    mask = padding_mask(LENGTHS, 7, "left")
+    ids = random_ids(2, 7) * mask
+    options = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    free_run = model.generate(ids, **options, eos_token_id=None)
+    eos = int(free_run[1, 7 + 3])  # the second row's fourth new token ends it there (or earlier)
+    expected = model.generate(ids, **options, eos_token_id=eos)
+    assert (expected[1, 7 + 4 :] == 0).all()  # the oracle did stop that row early
+    assert torch.equal(ort_model.generate(ids, **options, eos_token_id=eos), expected)
+    assert torch.equal(ort_model.generate(ids, **options, eos_token_id=None), free_run)
+    assert len(calls) == 2
+
+
 def test_beam_search_through_forward_matches_pytorch(folders, model):
     # Beam search is transformers' own loop: forward with the cache in transformers' layout, reordered per beam.
     mask = padding_mask(LENGTHS, 7, "left")

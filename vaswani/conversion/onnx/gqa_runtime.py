@@ -251,7 +251,8 @@ def gqa_sample(
 ) -> torch.Tensor | None:
     """The lean greedy/sampling loop (`OrtModelForGeneration._sample`) on a GroupQueryAttention-form graph: the same
     processors, stopping criteria and random draws, one preallocated buffer per cache tensor for the whole call, and
-    per step only the token, two lengths and the run. Returns None when the prompt is not left-padded (its last
+    per step only the token, two lengths and the run; plain greedy search (no processor, the standard criteria) runs
+    that on numpy views of the bound buffers (`_greedy_numpy`). Returns None when the prompt is not left-padded (its last
     column is padding) or `position_ids` are not the mask's: transformers' loop then runs it through `forward`."""
     batch, length = input_ids.shape
     if not positions_follow_mask(position_ids, attention_mask, input_ids.shape):
@@ -270,6 +271,12 @@ def gqa_sample(
     stops = StandardStops.of(stopping_criteria)
     unfinished = torch.ones(batch, dtype=torch.long)
     processors = processors_for(logits_processor)
+    plain_greedy = not generation_config.do_sample and isinstance(processors, list) and not processors
+    if plain_greedy and stops is not None and (pad_token_id is not None or not has_eos_stopping_criteria):
+        pad = None if pad_token_id is None else int(pad_token_id)
+        return _greedy_numpy(
+            decoder, state, next_logits, ids, length, stops, pad if has_eos_stopping_criteria else None
+        )
     while True:
         scores = apply_processors(processors, ids[:, :length], next_logits)
         if generation_config.do_sample:
@@ -292,6 +299,51 @@ def gqa_sample(
                 f"(max_position_embeddings); ask for fewer tokens."
             )
         next_logits = decoder.decode(state, next_tokens)
+
+
+def _greedy_numpy(
+    decoder: GqaDecoder,
+    state: GqaState,
+    next_logits: torch.Tensor,
+    ids: torch.Tensor,
+    length: int,
+    stops: "StandardStops",
+    pad: int | None,
+) -> torch.Tensor:
+    """`gqa_sample`'s loop for plain greedy search (no logits processor, the standard stopping criteria) on numpy
+    views of the bound buffers: the same tokens and stops (numpy's argmax takes the first highest score, as torch's
+    does), at a few microseconds per operation instead of torch's dispatch (0.1 ms of a step at batch 1).
+    `pad`: the token finished rows get (None: no end-of-sequence criterion, no row finishes early)."""
+    rows = next_logits.numpy()
+    logits = state.logits.numpy()[:, 0]  # the step's output buffer, a view
+    tokens, seqlens, total = state.tokens.numpy(), state.seqlens.numpy(), state.total.numpy()
+    sequences = ids.numpy()
+    eos = None if stops.eos_token_id is None else stops.eos_token_id.numpy().reshape(-1)
+    unfinished = np.ones(ids.shape[0], dtype=bool)
+    run, binding = decoder.session.run_with_iobinding, state.binding
+    while True:
+        next_tokens = rows.argmax(-1)
+        if pad is not None:
+            next_tokens = np.where(unfinished, next_tokens, pad)
+        sequences[:, length] = next_tokens
+        length += 1
+        if stops.max_length is not None and length >= stops.max_length:
+            break
+        if eos is not None:
+            unfinished &= ~(next_tokens[:, None] == eos).any(1)  # np.isin costs 20 us a call
+            if not unfinished.any():
+                break
+        if length >= decoder.max_positions:
+            raise ValueError(
+                f"Generation reached the {decoder.max_positions} positions of this export's rotary table "
+                f"(max_position_embeddings); ask for fewer tokens."
+            )
+        tokens[:, 0] = next_tokens
+        seqlens += 1
+        total += 1
+        run(binding)
+        rows = logits
+    return ids[:, :length].clone()
 
 
 @dataclass
