@@ -215,9 +215,6 @@ class OrtModelForGeneration(OrtModel, GenerationMixin):
                     logits_processor,
                     stopping_criteria,
                     generation_config,
-                    lean_logits_processors,
-                    apply_processors,
-                    greedy_tokens,
                 )
                 if done is not None:
                     return done

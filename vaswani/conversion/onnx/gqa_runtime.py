@@ -7,7 +7,6 @@ greedy/sampling loop. The graph's I/O and how padding becomes lengths: `ort_llm.
     >>> logits, present = decoder.step_hf(input_ids, attention_mask, past, logits_positions)
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +14,7 @@ import onnxruntime as ort
 import torch
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
+from .lean_steps import apply_processors, greedy_tokens, lean_logits_processors
 from .ort_llm import FORM_GQA
 
 
@@ -50,6 +50,26 @@ class GqaDecoder:
     def _bind_output(binding: ort.IOBinding, name: str, tensor: torch.Tensor) -> None:
         binding.bind_output(name, "cpu", 0, _NUMPY[tensor.dtype], tuple(tensor.shape), tensor.data_ptr())
 
+    def bind(self, feeds: dict[str, torch.Tensor], buffers: list[torch.Tensor], logits: torch.Tensor) -> ort.IOBinding:
+        """A binding of `feeds`, each KV buffer as both past and present (the kernel appends in place), and `logits`.
+        The tensors must outlive the binding's runs."""
+        binding = self.session.io_binding()
+        for name, tensor in feeds.items():
+            self._bind_input(binding, name, tensor)
+        for past, present, buffer in zip(self.past_names, self.present_names, buffers):
+            self._bind_input(binding, past, buffer)
+            self._bind_output(binding, present, buffer)
+        self._bind_output(binding, "logits", logits)
+        return binding
+
+    def check_capacity(self, length: int) -> None:
+        """Refuse a step past the rotary table's positions (the kernel would read past its end)."""
+        if length >= self.max_positions:
+            raise ValueError(
+                f"Generation reached the {self.max_positions} positions of this export's rotary table "
+                f"(max_position_embeddings); ask for fewer tokens."
+            )
+
     def new_buffers(self, batch: int, capacity: int) -> list[torch.Tensor]:
         if capacity > self.max_positions:
             raise ValueError(
@@ -68,7 +88,6 @@ class GqaDecoder:
     ) -> torch.Tensor:
         """One call: `input_ids` (batch, chunk) right-padded with `query_lengths` real tokens per row, rows holding
         `total_lengths` tokens afterwards; the new keys/values land in `buffers`. Returns (batch, positions, vocab)."""
-        binding = self.session.io_binding()
         int32 = torch.int32
         feeds = {
             "input_ids": input_ids.to(torch.int64).contiguous(),
@@ -77,14 +96,8 @@ class GqaDecoder:
             "query_seqlens": query_lengths.to(int32),
             "logits_positions": logits_positions.to(torch.int64).contiguous(),
         }
-        for name, tensor in feeds.items():
-            self._bind_input(binding, name, tensor)
-        for past, present, buffer in zip(self.past_names, self.present_names, buffers):
-            self._bind_input(binding, past, buffer)
-            self._bind_output(binding, present, buffer)
         logits = torch.empty(input_ids.shape[0], logits_positions.shape[0], self.vocab)
-        self._bind_output(binding, "logits", logits)
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(self.bind(feeds, buffers, logits))
         return logits
 
     # -- transformers' layout
@@ -147,7 +160,7 @@ class GqaDecoder:
         batch, length = input_ids.shape
         mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         if not bool(mask[:, -1].all()):
-            raise _NotLeftPadded
+            raise _NotLeftPaddedError
         counts = mask.sum(1)
         ids = torch.gather(input_ids, 1, _front_indices(mask, length)) * (torch.arange(length)[None] < counts[:, None])
         buffers = self.new_buffers(batch, capacity)
@@ -183,9 +196,6 @@ class _NotLeftPaddedError(Exception):
     """The prompt's last column holds padding: the lean loop hands the call to transformers' loop."""
 
 
-_NotLeftPadded = _NotLeftPaddedError()
-
-
 def _front_indices(mask: torch.Tensor, width: int) -> torch.Tensor:
     """(batch, width) column indices that bring each row's True columns to its front, in order (the rest repeat
     column 0; callers zero them)."""
@@ -209,7 +219,6 @@ class GqaState:
     @classmethod
     def bind(cls, decoder: GqaDecoder, buffers: list[torch.Tensor], counts: torch.Tensor) -> "GqaState":
         batch = counts.shape[0]
-        binding = decoder.session.io_binding()
         tokens = torch.zeros(batch, 1, dtype=torch.int64)
         seqlens = (counts - 1).to(torch.int32)
         total = counts.max().to(torch.int32).reshape(()).clone()  # each step adds one before it runs
@@ -223,12 +232,7 @@ class GqaState:
             "query_seqlens": ones,
             "logits_positions": positions,
         }
-        for name, tensor in feeds.items():
-            decoder._bind_input(binding, name, tensor)
-        for past, present, buffer in zip(decoder.past_names, decoder.present_names, buffers):
-            decoder._bind_input(binding, past, buffer)
-            decoder._bind_output(binding, present, buffer)
-        decoder._bind_output(binding, "logits", logits)
+        binding = decoder.bind(feeds, buffers, logits)
         return cls(binding, tokens, seqlens, total, logits, [buffers, ones, positions])
 
     def step(self, tokens: torch.Tensor) -> None:
@@ -245,9 +249,6 @@ def gqa_sample(
     logits_processor,
     stopping_criteria,
     generation_config,
-    processors_for: Callable,
-    apply_processors: Callable,
-    greedy_tokens: Callable,
 ) -> torch.Tensor | None:
     """The lean greedy/sampling loop (`OrtModelForGeneration._sample`) on a GroupQueryAttention-form graph: the same
     processors, stopping criteria and random draws, one preallocated buffer per cache tensor for the whole call, and
@@ -270,7 +271,7 @@ def gqa_sample(
     has_eos_stopping_criteria = any(hasattr(criteria, "eos_token_id") for criteria in stopping_criteria)
     stops = StandardStops.of(stopping_criteria)
     unfinished = torch.ones(batch, dtype=torch.long)
-    processors = processors_for(logits_processor)
+    processors = lean_logits_processors(logits_processor)
     plain_greedy = not generation_config.do_sample and isinstance(processors, list) and not processors
     if plain_greedy and stops is not None and (pad_token_id is not None or not has_eos_stopping_criteria):
         pad = None if pad_token_id is None else int(pad_token_id)
@@ -293,11 +294,7 @@ def gqa_sample(
             unfinished = unfinished & ~stopping_criteria(ids[:, :length], None)
         if not unfinished.any():
             return ids[:, :length].clone()
-        if length >= decoder.max_positions:
-            raise ValueError(
-                f"Generation reached the {decoder.max_positions} positions of this export's rotary table "
-                f"(max_position_embeddings); ask for fewer tokens."
-            )
+        decoder.check_capacity(length)
         next_logits = decoder.decode(state, next_tokens)
 
 
@@ -333,11 +330,7 @@ def _greedy_numpy(
             unfinished &= ~(next_tokens[:, None] == eos).any(1)  # np.isin costs 20 us a call
             if not unfinished.any():
                 break
-        if length >= decoder.max_positions:
-            raise ValueError(
-                f"Generation reached the {decoder.max_positions} positions of this export's rotary table "
-                f"(max_position_embeddings); ask for fewer tokens."
-            )
+        decoder.check_capacity(length)
         tokens[:, 0] = next_tokens
         seqlens += 1
         total += 1
