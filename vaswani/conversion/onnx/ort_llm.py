@@ -34,6 +34,7 @@ import numpy as np
 import onnx_ir
 import onnx_ir.external_data
 import torch
+from onnx_ir.passes.common import RemoveUnusedNodesPass
 from transformers import PreTrainedModel
 
 MS_DOMAIN = "com.microsoft"
@@ -225,7 +226,7 @@ def rewrite_to_gqa(path, cos: np.ndarray, sin: np.ndarray) -> int:
     for value in new_inputs.values():
         graph.inputs.append(value)
     model.opset_imports[MS_DOMAIN] = 1
-    _remove_dead(graph)
+    RemoveUnusedNodesPass()(model)  # the replaced rotary, mask and position subgraphs, and their constants
     for name in ("attention_mask", "position_ids"):
         value = next((value for value in graph.inputs if value.name == name), None)
         if value is not None:
@@ -300,16 +301,3 @@ def _layer_plan(attention: onnx_ir.Node, inputs: dict, half_rotary: int) -> _Lay
     ):
         packed = split.inputs[0]
     return _LayerPlan(attention, query, key, value, packed, int(heads), int(kv_heads), scale)
-
-
-def _remove_dead(graph: onnx_ir.Graph) -> None:
-    """Remove nodes none of whose outputs is read or a graph output, then unused initializers."""
-    changed = True
-    while changed:
-        changed = False
-        for node in reversed(list(graph)):
-            if not any(output.uses() or output.is_graph_output() for output in node.outputs):
-                graph.remove(node, safe=True)
-                changed = True
-    for name in [name for name, value in graph.initializers.items() if not value.uses()]:
-        graph.initializers.pop(name)
