@@ -339,7 +339,9 @@ def export_onnx(
             if not validate:
                 return None
             say(f"Validating {stage_quantization.name if stage_quantization else dtype} graphs against PyTorch")
-            report = validate_onnx_export(staging, export_model, tolerance=tolerance if stage_quantization is quantization else None)
+            report = validate_onnx_export(
+                staging, export_model, tolerance=tolerance if stage_quantization is quantization else None
+            )
             manifest["validation"] = report.to_json()
             write_manifest(staging, manifest)
             return report
@@ -390,8 +392,10 @@ def _export_graphs(
     depths = stamping_depths(model) if stamp_layers else {}
     if depths:
         layers = " and ".join(str(depth) for depth in depths.values())
-        say(f"Exporting graphs {[spec.name for spec in specs]}: torch.onnx.export(dynamo=True) of {TEMPLATE_LAYERS} "
-            f"layers, stamped to {layers}")
+        say(
+            f"Exporting graphs {[spec.name for spec in specs]}: torch.onnx.export(dynamo=True) of {TEMPLATE_LAYERS} "
+            f"layers, stamped to {layers}"
+        )
         try:
             graphs = stamped_graphs(
                 model,

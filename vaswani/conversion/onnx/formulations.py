@@ -39,11 +39,7 @@ def exporting_formulations(model: nn.Module, llm_ops: bool) -> Iterator[None]:
       nodes.
     RMSNorm and VaswaniAttention are patched on the class, so no other thread may run vaswani models meanwhile.
     """
-    configs = {
-        id(module.config): module.config
-        for module in model.modules()
-        if isinstance(getattr(module, "config", None), PreTrainedConfig)
-    }
+    configs = module_configs(model)
     saved = {key: config._attn_implementation_internal for key, config in configs.items()}
     for config in configs.values():
         config._attn_implementation_internal = EXPORT_ATTENTION
@@ -56,6 +52,15 @@ def exporting_formulations(model: nn.Module, llm_ops: bool) -> Iterator[None]:
     finally:
         for key, config in configs.items():
             config._attn_implementation_internal = saved[key]
+
+
+def module_configs(model: nn.Module) -> dict[int, PreTrainedConfig]:
+    """The distinct configs `model`'s modules hold (an encoder-decoder's stacks may hold their own), by id."""
+    return {
+        id(module.config): module.config
+        for module in model.modules()
+        if isinstance(getattr(module, "config", None), PreTrainedConfig)
+    }
 
 
 @contextmanager

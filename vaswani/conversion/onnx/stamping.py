@@ -39,10 +39,11 @@ import numpy as np
 import onnx_ir
 import torch
 from torch import nn
-from transformers import PreTrainedConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
 from ...modeling.pretrained import VaswaniStack
 from .contract import GraphSpec
+from .formulations import module_configs
 
 # Blocks traced per stack: two, so that the second block's input is the first block's output.
 TEMPLATE_LAYERS = 2
@@ -108,11 +109,7 @@ def _cut_to_template(model: PreTrainedModel) -> Iterator[dict[int, torch.Tensor]
     match, until the block exits. Yields {id(copied parameter): its fingerprint}."""
     stacks = [module for module in model.modules() if isinstance(module, VaswaniStack)]
     stacks = [stack for stack in stacks if len(stack.layers) > TEMPLATE_LAYERS]
-    configs = {
-        id(module.config): module.config
-        for module in model.modules()
-        if isinstance(getattr(module, "config", None), PreTrainedConfig)
-    }
+    configs = module_configs(model)
     # Copies of blocks keep pointing at the model's configs (the exporter switches their attention backend).
     memo = {key: config for key, config in configs.items()}
     saved_layers = [(stack, stack.layers) for stack in stacks]
