@@ -2,6 +2,9 @@
 node, with other 4-bit integers. Checked against independent oracles: ONNX Runtime's own quantizer for the
 MatMulNBits layout, the float weights for the error of a weight (search) or of a layer's output (gptq), and PyTorch
 float32 for the exported model's next-token distributions on held-out text (gptq, calibrated on the same corpus).
+
+The 8-bit budget (`int4_8bit_budget`, vaswani/conversion/onnx/sensitivity.py): its Fisher scores against the KL
+divergence that rounding each matrix alone adds, measured; the chosen matrices in the graph, within the budget.
 """
 
 from collections import Counter
@@ -26,6 +29,7 @@ from vaswani.conversion.onnx.int4 import (  # noqa: E402
     unpack_matmul_nbits,
 )
 from vaswani.conversion.onnx.postprocess import _import_quantizer  # noqa: E402
+from vaswani.conversion.onnx.sensitivity import fisher_row_scores, rounding_error, row_key  # noqa: E402
 from vaswani.data import corpus_text  # noqa: E402
 from vaswani.tokenization import corpus_tokenizer  # noqa: E402
 
@@ -136,7 +140,15 @@ def trained(tmp_path_factory):
     exports["search, mlp out 8-bit"] = export_onnx(
         folder, folder.parent / "mlp8", "text-generation", quantize="int4", int4_mlp_out_bits=8
     )
+    for budget in (0.0, BUDGET):
+        exports[f"budget {budget}"] = export_onnx(
+            folder, folder.parent / f"budget{budget}", "text-generation", quantize="int4", int4_8bit_budget=budget
+        )
     return model, tokenizer, exports
+
+
+# A budget that buys a few of the tiny model's matrices (its default 4% buys none: each is 5-20% of the bytes).
+BUDGET = 0.3
 
 
 def test_every_int4_method_is_rtns_graph_with_other_integers(trained):
@@ -187,26 +199,107 @@ def test_mlp_out_bits_8_keeps_the_mlp_output_projections_in_8_bits(trained):
     assert load_manifest(exports["search, mlp out 8-bit"].folder)["validation"]["passed"]
 
 
-def test_gptq_is_closer_to_float32_than_rtn_on_held_out_text_of_its_calibration_domain(trained):
-    model, tokenizer, exports = trained
+def held_out_divergence(model, tokenizer, folder) -> float:
+    """KL(float32 || export) per token over the vocabulary, on the end of the corpus: far from the calibration text
+    (its first tokens) and from the training text."""
     from vaswani.conversion import OrtModelForCausalLM
 
-    # Held out: the end of the corpus, far from gptq's calibration text (its first CALIBRATION_TOKENS tokens) and
-    # from the training text.
     held_out = windows(corpus_text()[-20_000:], tokenizer)
     assert len(tokenizer(corpus_text()[:-20_000])["input_ids"]) > 10 * CALIBRATION_TOKENS
     with torch.no_grad():
         reference = torch.log_softmax(model(input_ids=held_out).logits, dim=-1)
+        quantized = torch.log_softmax(OrtModelForCausalLM.from_pretrained(folder)(input_ids=held_out).logits, dim=-1)
+    return float((reference.exp() * (reference - quantized)).sum(dim=-1).mean())
 
-    def divergence(method):  # KL(float32 || int4) per token, over the vocabulary
-        runtime = OrtModelForCausalLM.from_pretrained(exports[method].folder)
-        with torch.no_grad():
-            quantized = torch.log_softmax(runtime(input_ids=held_out).logits, dim=-1)
-        return float((reference.exp() * (reference - quantized)).sum(dim=-1).mean())
 
+def test_gptq_is_closer_to_float32_than_rtn_on_held_out_text_of_its_calibration_domain(trained):
+    model, tokenizer, exports = trained
+    divergence = {method: held_out_divergence(model, tokenizer, exports[method].folder) for method in ("gptq", "rtn")}
     # gptq measured 3-7x closer on such models; `search` is not asserted here: on models this small it lands on
     # either side of RTN (its case is the real checkpoint, docs/results/int4_quality.md).
-    assert divergence("gptq") < 0.5 * divergence("rtn")
+    assert divergence["gptq"] < 0.5 * divergence["rtn"]
+
+
+def nbits_of(folder) -> list[dict]:
+    """The attributes (K, N, bits, ...) of every MatMulNBits of an export's model graph."""
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
+    return [
+        {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        for node in graph.node
+        if node.op_type == "MatMulNBits"
+    ]
+
+
+def test_fisher_scores_rank_matrices_as_rounding_each_alone_does():
+    """The oracle: round one matrix alone to 4 bits and measure the KL divergence it adds on the scoring text. To
+    second order the score is twice that divergence (the diagonal of the Fisher information is what it keeps)."""
+    tokenizer = corpus_tokenizer(vocab_size=300, kilobytes=50)
+    config = tiny_decoder_config(
+        vocab_size=len(tokenizer),
+        initializer_range=0.02,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_key_value_heads=2,
+    )
+    model = build_model(VaswaniForCausalLM, config)
+    data = windows(corpus_text()[200_000:300_000], tokenizer, length=64, count=64)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for step in range(100):
+        batch = data[(step * 8) % 64 : (step * 8) % 64 + 8]
+        model(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+    scoring = windows(corpus_text()[:40_000], tokenizer, length=64, count=16)
+    scores = fisher_row_scores(model, [row[None].numpy() for row in scoring], block_size=BLOCK)
+    fisher, divergence = [], []
+    with torch.no_grad():
+        reference = torch.log_softmax(model(input_ids=scoring).logits, dim=-1)
+        for name, linear in model.named_modules():
+            if not isinstance(linear, torch.nn.Linear) or linear is model.lm_head:
+                continue
+            weight = linear.weight.detach().clone()
+            fisher.append(sum(scores[row_key(row)] for row in weight.numpy()))
+            linear.weight -= rounding_error(weight, 4, BLOCK, symmetric=False).float()
+            rounded = torch.log_softmax(model(input_ids=scoring).logits, dim=-1)
+            linear.weight.copy_(weight)
+            divergence.append(float((reference.exp() * (reference - rounded)).sum()))
+    assert len(fisher) == 3 * 6  # q, k, v, o, up, down per layer
+
+    def ranks(values):
+        return np.argsort(np.argsort(values))
+
+    spearman = np.corrcoef(ranks(fisher), ranks(divergence))[0, 1]
+    assert spearman > 0.6, spearman  # measured 0.96
+    ratio = np.median(np.array(fisher) / (2 * np.array(divergence)))
+    assert 1 / 3 < ratio < 3, ratio  # measured 1.0-1.5 (sampling noise and the off-diagonal terms)
+
+
+def test_eight_bit_budget_keeps_the_listed_matmuls_in_8_bits_within_budget_and_closer_to_float32(trained):
+    model, tokenizer, exports = trained
+    folder = exports[f"budget {BUDGET}"].folder
+    manifest = load_manifest(folder)
+    chosen = manifest["quantization_options"]["eight_bit_matmuls"]["model"]
+    assert manifest["quantization_options"]["eight_bit_budget"] == BUDGET and manifest["validation"]["passed"]
+    assert chosen and not load_manifest(exports["budget 0.0"].folder)["quantization_options"].get("eight_bit_matmuls")
+    nodes, plain = nbits_of(folder), nbits_of(exports["budget 0.0"].folder)
+    assert len(nodes) == len(plain)
+    eight = [node for node in nodes if node["bits"] == 8]
+    assert len(eight) == 1 + len(chosen)  # the LM head, and the chosen ones
+    four_bit_bytes = sum(node["K"] * node["N"] / 2 for node in plain if node["bits"] == 4)
+    added = sum(node["K"] * node["N"] / 2 for node in eight if node["N"] != model.config.vocab_size)
+    assert 0 < added <= BUDGET * four_bit_bytes
+    budgeted = held_out_divergence(model, tokenizer, folder)
+    assert budgeted < held_out_divergence(model, tokenizer, exports["budget 0.0"].folder)
+
+
+def test_the_default_budget_scores_but_buys_nothing_smaller_than_a_matrix(trained):
+    _, _, exports = trained
+    options = load_manifest(exports["search"].folder)["quantization_options"]
+    assert options["eight_bit_budget"] == 0.04 and options["eight_bit_matmuls"] == {"model": []}
+    assert sum(node["bits"] == 8 for node in nbits_of(exports["search"].folder)) == 1  # the head
 
 
 @pytest.mark.parametrize(
@@ -215,8 +308,11 @@ def test_gptq_is_closer_to_float32_than_rtn_on_held_out_text_of_its_calibration_
         (["--quantize", "int8", "--int4-method", "gptq"], "int4_method applies to quantize='int4' only"),
         (["--int4-method", "gptq"], "int4 options apply to quantized exports"),
         (["--quantize", "int8", "--int4-mlp-out-bits", "8"], "int4_mlp_out_bits=8 needs quantize='int4'"),
+        (["--quantize", "int8", "--int4-8bit-budget", "0.1"], "int4_8bit_budget=0.1 needs quantize='int4'"),
+        (["--quantize", "int4", "--int4-8bit-budget", "1.5"], "is a fraction of the 4-bit weights' bytes in [0, 1)"),
+        (["--quantize", "int8", "--int4-head-bits", "4"], "int4_head_bits=4 needs quantize='int4'"),
     ],
-    ids=["int8", "unquantized", "mlp_out_bits_with_int8"],
+    ids=["int8", "unquantized", "mlp_out_bits_with_int8", "budget_with_int8", "budget_past_1", "head_bits_with_int8"],
 )
 def test_int4_method_outside_int4_is_a_clear_error(tmp_path, capsys, options, message):
     model = build_model(VaswaniForCausalLM, tiny_decoder_config(num_hidden_layers=1))
@@ -232,6 +328,40 @@ def test_gptq_without_a_tokenizer_names_the_fix_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="tokenizer files, or use int4_method='search'"):
         export_onnx(tmp_path / "model", tmp_path / "out", quantize="int4", int4_method="gptq")
     assert not (tmp_path / "out").exists()
+
+
+def test_without_a_tokenizer_the_default_budget_says_so_and_an_explicit_one_is_an_error(tmp_path):
+    model = build_model(VaswaniForCausalLM, tiny_decoder_config(num_hidden_layers=1))
+    model.save_pretrained(tmp_path / "model")
+    lines = []
+    result = export_onnx(tmp_path / "model", tmp_path / "out", quantize="int4", progress=lines.append)
+    assert any("every body matrix stays 4-bit (there is no tokenizer beside the model)" in line for line in lines)
+    assert "eight_bit_matmuls" not in result.manifest["quantization_options"]
+    assert {node["bits"] for node in nbits_of(tmp_path / "out")} == {4, 8}  # the body, the head
+    with pytest.raises(ValueError, match="tokenizer files, or pass int4_8bit_budget=0"):
+        export_onnx(tmp_path / "model", tmp_path / "out2", quantize="int4", int4_8bit_budget=0.1)
+    assert not (tmp_path / "out2").exists()
+
+
+def test_a_tokenizer_outside_the_model_vocabulary_leaves_the_default_budget_unspent(tmp_path):
+    tokenizer = corpus_tokenizer(vocab_size=300, kilobytes=50)
+    model = build_model(VaswaniForCausalLM, tiny_decoder_config(num_hidden_layers=1))  # 64 tokens
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    lines = []
+    export_onnx(tmp_path / "model", tmp_path / "out", quantize="int4", progress=lines.append)
+    assert any("outside the model's vocabulary of 64" in line for line in lines)
+    with pytest.raises(ValueError, match="outside the model's vocabulary of 64"):
+        export_onnx(tmp_path / "model", tmp_path / "out2", quantize="int4", int4_8bit_budget=0.5)
+
+
+def test_head_bits_4_gives_an_all_4_bit_graph(tmp_path):
+    model = build_model(VaswaniForCausalLM, tiny_decoder_config(num_hidden_layers=1))
+    model.save_pretrained(tmp_path / "model")
+    result = export_onnx(tmp_path / "model", tmp_path / "out", quantize="int4", int4_head_bits=4)
+    assert result.manifest["quantization_options"]["head_bits"] == 4 and result.validation.passed
+    nodes = nbits_of(tmp_path / "out")
+    assert {node["bits"] for node in nodes} == {4} and any(node["N"] == model.config.vocab_size for node in nodes)
 
 
 def test_gptq_calibrates_an_encoder_decoder_with_few_positions(tmp_path):

@@ -99,6 +99,20 @@ def _add_export_parser(subparsers: argparse._SubParsersAction) -> None:
         "matrices in 8 bits, like the LM head, for some size and speed",
     )
     parser.add_argument(
+        "--int4-8bit-budget",
+        type=float,
+        metavar="FRACTION",
+        help="int4: bytes that 8-bit copies of the matrices most sensitive to rounding may add, as a fraction of the "
+        "4-bit weights (default 0.04; ranked by Fisher-weighted rounding error on the package's corpus, which needs the "
+        "model's tokenizer; 0: every body matrix in 4 bits)",
+    )
+    parser.add_argument(
+        "--int4-head-bits",
+        type=int,
+        choices=(4, 8),
+        help="int4: bits of the LM head (default 8; 4 is onnxruntime-genai's layout, smaller and lossier)",
+    )
+    parser.add_argument(
         "--attention",
         choices=("auto", "gqa", "portable"),
         default="auto",
@@ -143,6 +157,8 @@ def _run_export(args: argparse.Namespace) -> int:
             accuracy_level=args.accuracy_level,
             int4_method=args.int4_method,
             int4_mlp_out_bits=args.int4_mlp_out_bits,
+            int4_8bit_budget=args.int4_8bit_budget,
+            int4_head_bits=args.int4_head_bits,
             attention=args.attention,
             overwrite=args.overwrite,
             tolerance=args.tolerance,

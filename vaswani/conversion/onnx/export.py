@@ -50,6 +50,7 @@ from .formulations import LLM_OPSET, exporting_formulations, fuse_sibling_matmul
 from .int4 import CALIBRATION_WINDOW, calibrate, calibration_windows
 from .ort_llm import attention_form_plan, rewrite_decoder_attention
 from .postprocess import optimize_graph, quantization_format, quantize_graph
+from .sensitivity import export_row_scores
 from .stamping import TEMPLATE_LAYERS, StampingRefused, stamped_graphs, stamping_depths
 from .tasks import GENERATION_TASKS, cast_model, family_of, infer_task, load_for_task, task_model
 from .validation import ValidationReport, validate_onnx_export
@@ -204,6 +205,8 @@ def export_onnx(
     accuracy_level: int | None = None,
     int4_method: str | None = None,
     int4_mlp_out_bits: int | None = None,
+    int4_8bit_budget: float | None = None,
+    int4_head_bits: int | None = None,
     calibration_text: str | None = None,
     attention: str = "auto",
     overwrite: bool = False,
@@ -235,10 +238,17 @@ def export_onnx(
             Runtime's quantizer), "gptq" spreads rounding errors by calibration text. The same MatMulNBits layout in
             every case: size and speed do not change (docs/results/int4_quality.md).
         int4_mlp_out_bits: 8 keeps the MLP output projections (down_proj, fc2) of an int4 export in 8 bits, like the
-            head: the most sensitive 4-bit matrices, for some size and speed (docs/results/int4_quality.md).
-        calibration_text: the text "gptq" runs the float32 graphs on (default: the package's own corpus,
-            `vaswani.data.corpus_text()`, of which the first `CALIBRATION_TOKENS` tokens are used); tokenized with
-            the tokenizer copied beside the model, which calibration needs.
+            head, for some size and speed (docs/results/int4_quality.md).
+        int4_8bit_budget: the fraction of the 4-bit weights' bytes that 8-bit copies of the matrices most sensitive
+            to rounding may add (`sensitivity.py`: Fisher-weighted rounding error on calibration text; the manifest
+            lists them). Default 0.04: on SmolLM2-135M-Instruct, +3-4% perplexity over fp32 instead of +11%, at the
+            same speed. Needs the model's tokenizer: without it, the default keeps every body matrix in 4 bits and
+            says so, and an explicit budget is an error. 0 turns it off.
+        int4_head_bits: bits of the LM head of an int4 export: 8 (default) or 4 (onnxruntime-genai's layout:
+            smaller, lossier).
+        calibration_text: the text "gptq" and the 8-bit budget run the model on (default: the package's own corpus,
+            `vaswani.data.corpus_text()`, of which the first tokens are used); tokenized with the tokenizer copied
+            beside the model, which calibration needs.
         attention: a decoder's attention graph (`ort_llm.py`): "gqa", ONNX Runtime's GroupQueryAttention with rotary
             inside and one in-place KV buffer (CPU, float32, rotary decoders; others keep the portable graph and the
             manifest's `attention_form_note` says why); "portable", opset-23 Attention + RotaryEmbedding (any
@@ -268,13 +278,18 @@ def export_onnx(
         raise ValueError(f"device={device!r} is not supported; use 'cpu' or 'cuda'.")
     quantization = None
     if quantize is not None:
-        quantization = quantization_format(quantize, block_size, accuracy_level, int4_method, int4_mlp_out_bits)
+        quantization = quantization_format(
+            quantize, block_size, accuracy_level, int4_method, int4_mlp_out_bits, int4_8bit_budget, int4_head_bits
+        )
         if dtype != "fp32" or device != "cpu":
             raise ValueError(
                 f"{quantize} weight-only quantization targets the CPU from an fp32 graph: use dtype='fp32', "
                 f"device='cpu'."
             )
-    elif any(option is not None for option in (block_size, accuracy_level, int4_method, int4_mlp_out_bits)):
+    elif any(
+        option is not None
+        for option in (block_size, accuracy_level, int4_method, int4_mlp_out_bits, int4_8bit_budget, int4_head_bits)
+    ):
         raise ValueError(
             "block_size, accuracy_level and the int4 options apply to quantized exports: pass quantize='int8' or "
             "'int4'."
@@ -297,19 +312,28 @@ def export_onnx(
     else:
         model = model_or_folder
         task = task or infer_task(model)
+    # Calibration (gptq, the int4 8-bit budget) tokenizes text with the tokenizer saved beside the model.
+    folder = source or (Path(model.name_or_path) if getattr(model, "name_or_path", None) else None)
+    tokenizer_folder = folder if folder is not None and folder.is_dir() else None
     windows = None
     if quantization is not None and quantization.calibrated:
-        # Before any work: calibration needs the model's tokenizer, which is copied from the source folder.
-        folder = source or (Path(model.name_or_path) if getattr(model, "name_or_path", None) else None)
+        # Before any work: a missing tokenizer is an error here.
         positions = getattr(model.config, "max_position_embeddings", None) or CALIBRATION_WINDOW
-        windows = calibration_windows(
-            folder if folder is not None and folder.is_dir() else None,
-            calibration_text,
-            window=min(CALIBRATION_WINDOW, positions),
-        )
+        windows = calibration_windows(tokenizer_folder, calibration_text, window=min(CALIBRATION_WINDOW, positions))
     module = task_model(model, task)
     family = family_of(module.config)
     export_model = cast_model(module, DTYPES[dtype], device)
+    row_scores = None
+    if quantization is not None and quantization.bits == 4 and quantization.eight_bit_budget > 0:
+        row_scores = export_row_scores(
+            export_model,
+            tokenizer_folder,
+            calibration_text,
+            quantization.eight_bit_budget,
+            quantization.block_size,
+            explicit=int4_8bit_budget is not None,
+            say=say,
+        )
     specs = build_graph_specs(export_model, task, DTYPES[dtype])
     form = {"attention_form": "portable"}
 
@@ -333,6 +357,8 @@ def export_onnx(
             )
             if stage_quantization is not None:
                 manifest["quantization_options"] = stage_quantization.to_json()
+                if row_scores is not None:
+                    manifest["quantization_options"]["eight_bit_matmuls"] = eight_bit_matmuls
             if task == "text-generation":
                 manifest.update(form)
             write_manifest(staging, manifest)
@@ -349,7 +375,7 @@ def export_onnx(
         if quantization is not None:
             # The float graph first: its tight tolerance catches export defects that quantization error would hide.
             write_manifest_and_validate(None)
-        hessians = {}
+        hessians, eight_bit_matmuls = {}, {}
         if quantization is not None and quantization.calibrated:
             tokens = sum(window.shape[1] for window in windows)
             say(f"Calibrating int4 ({quantization.method}): float32 graphs on {tokens} tokens of calibration text")
@@ -359,7 +385,9 @@ def export_onnx(
             if quantization is not None:
                 method = f", {quantization.method}" if quantization.bits == 4 else ""
                 say(f"Quantizing graph {spec.name!r} ({quantization.name}{method}, block {quantization.block_size})")
-                quantize_graph(staging / spec.file, quantization, hessians.get(spec.name))
+                eight_bit_matmuls[spec.name] = quantize_graph(
+                    staging / spec.file, quantization, hessians.get(spec.name), row_scores
+                )
             if wants_gqa and spec.name == "model":
                 form = rewrite_decoder_attention(staging / spec.file, export_model, task, dtype, device, say)
             if optimize:

@@ -14,6 +14,7 @@ import onnxruntime as ort
 
 from .contract import save_graph
 from .int4 import int4_node_quantizer
+from .sensitivity import DEFAULT_EIGHT_BIT_BUDGET, choose_eight_bit_matmuls
 from .session import PROVIDERS
 
 
@@ -33,6 +34,9 @@ class WeightQuantization:
             in the head's 8 bits, the most sensitive matrices of a 4-bit model, at a cost in size and speed.
         method: how 4-bit integers are chosen (`INT4_METHODS`); every method stores the same `MatMulNBits` layout,
             so size and speed do not depend on it.
+        eight_bit_budget: in a 4-bit format, the fraction of the 4-bit weights' bytes that 8-bit copies of the most
+            sensitive matrices may add (`sensitivity.py`: Fisher-weighted rounding error on calibration text); 0
+            keeps every body matrix in 4 bits.
     """
 
     name: str
@@ -43,6 +47,7 @@ class WeightQuantization:
     accuracy_level: int = 4
     method: str = "rtn"
     narrowing_bits: int | None = None
+    eight_bit_budget: float = 0.0
 
     @property
     def calibrated(self) -> bool:
@@ -94,8 +99,11 @@ def quantization_format(
     accuracy_level: int | None = None,
     method: str | None = None,
     mlp_out_bits: int | None = None,
+    eight_bit_budget: float | None = None,
+    head_bits: int | None = None,
 ):
-    """The `WeightQuantization` of a `quantize=` argument with its options, or a ValueError naming the choices."""
+    """The `WeightQuantization` of a `quantize=` argument with its options, or a ValueError naming the choices.
+    int4 gets `DEFAULT_EIGHT_BIT_BUDGET` unless `eight_bit_budget` says otherwise."""
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize={quantize!r} is not supported; use one of {sorted(QUANTIZATIONS)} or None.")
     if method is not None and method not in INT4_METHODS:
@@ -104,8 +112,16 @@ def quantization_format(
         raise ValueError(f"int4_method applies to quantize='int4' only (int8 rounds to nearest), not {quantize!r}.")
     if mlp_out_bits is not None and (quantize != "int4" or mlp_out_bits not in (4, 8)):
         raise ValueError(f"int4_mlp_out_bits={mlp_out_bits} needs quantize='int4' and is 4 or 8.")
+    if eight_bit_budget is not None and (quantize != "int4" or not 0 <= eight_bit_budget < 1):
+        raise ValueError(
+            f"int4_8bit_budget={eight_bit_budget} needs quantize='int4' and is a fraction of the 4-bit weights' bytes "
+            f"in [0, 1): 0.04 (the default) adds 4%, 0 keeps every body matrix in 4 bits."
+        )
+    if head_bits is not None and (quantize != "int4" or head_bits not in (4, 8)):
+        raise ValueError(f"int4_head_bits={head_bits} needs quantize='int4' and is 4 or 8.")
     if quantize == "int4":
         method = method or DEFAULT_INT4_METHOD
+        eight_bit_budget = DEFAULT_EIGHT_BIT_BUDGET if eight_bit_budget is None else eight_bit_budget
     if block_size is not None and block_size not in BLOCK_SIZES:
         raise ValueError(f"quantization block_size={block_size} is not supported; use one of {BLOCK_SIZES}.")
     if accuracy_level is not None and accuracy_level not in ACCURACY_LEVELS:
@@ -117,6 +133,8 @@ def quantization_format(
         "accuracy_level": accuracy_level,
         "method": method,
         "narrowing_bits": mlp_out_bits,
+        "eight_bit_budget": eight_bit_budget,
+        "head_bits": head_bits,
     }
     return replace(QUANTIZATIONS[quantize], **{key: value for key, value in overrides.items() if value is not None})
 
@@ -219,8 +237,14 @@ def fuse_skip_norms(model: onnx.ModelProto, shapes: dict[str, list]) -> int:
 OPTIMIZATION_LEVEL = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
 
 
-def quantize_graph(path: Path, quantization: WeightQuantization, hessians: dict[str, np.ndarray] | None = None) -> int:
-    """Weight-only block-wise quantization of every weight MatMul, in place; returns how many were quantized.
+def quantize_graph(
+    path: Path,
+    quantization: WeightQuantization,
+    hessians: dict[str, np.ndarray] | None = None,
+    row_scores: dict[int, float] | None = None,
+) -> list[str]:
+    """Weight-only block-wise quantization of every weight MatMul, in place; returns the names of the body MatMuls
+    kept in 8 bits by sensitivity (`quantization.eight_bit_budget` with `row_scores`, see `sensitivity.py`).
 
     Each weight matrix is cut into blocks of `block_size` input rows, each block stored in `bits` bits with its own
     scale, and run by ONNX Runtime's `MatMulNBits`. Activations stay in float: dynamic int8 quantization of the
@@ -231,7 +255,8 @@ def quantize_graph(path: Path, quantization: WeightQuantization, hessians: dict[
 
     `quantization.method` chooses the 4-bit integers (`int4.py`); the nodes, their layout and so the speed are round to
     nearest's. The calibrated one (`gptq`) takes `hessians`, the second moments of each MatMul's input on calibration
-    text (`int4.calibrate`, keyed by the input's name).
+    text (`int4.calibrate`, keyed by the input's name). `row_scores` (`sensitivity.fisher_row_scores`) rank the
+    4-bit matrices for the 8-bit budget; without them every body matrix stays in `bits`.
     """
     if quantization.calibrated and hessians is None:
         raise ValueError(f"int4 method {quantization.method!r} needs calibration statistics (int4.calibrate).")
@@ -239,21 +264,27 @@ def quantize_graph(path: Path, quantization: WeightQuantization, hessians: dict[
     model = onnx.load(str(path), load_external_data=True)
     shapes = value_shapes(model)
     fold_initializer_transposes(model)
+    # The bits of every weight MatMul that does not take the body's `bits`.
     head = output_projection(model)
-    wide = [head] if head is not None and quantization.head_bits != quantization.bits else []
-    if quantization.narrowing_bits not in (None, quantization.bits):
-        wide += narrowing_matmuls(model)
-    # One pass per width, the wide ones (head, narrowing matmuls) together in `head_bits`.
-    passes = [(quantization.bits, {"nodes_to_exclude": wide})]
-    if wide:
-        passes.append((quantization.head_bits, {"nodes_to_include": wide}))
+    other_bits = {head: quantization.head_bits} if head is not None else {}
+    if quantization.narrowing_bits is not None:
+        other_bits.update(dict.fromkeys(narrowing_matmuls(model), quantization.narrowing_bits))
+    sensitive = []
+    if quantization.bits == 4 and quantization.eight_bit_budget > 0 and row_scores:
+        candidates = [name for name, _ in weight_matmul_shapes(model) if other_bits.get(name, 4) == 4]
+        sensitive, _ = choose_eight_bit_matmuls(model, row_scores, quantization.eight_bit_budget, candidates)
+        other_bits.update(dict.fromkeys(sensitive, 8))
+    other_bits = {name: bits for name, bits in other_bits.items() if bits != quantization.bits}
+    # One pass per width: the body's first, then each other width's MatMuls together.
+    passes = [(quantization.bits, {"nodes_to_exclude": list(other_bits)})]
+    for bits in sorted(set(other_bits.values())):
+        passes.append((bits, {"nodes_to_include": [name for name, width in other_bits.items() if width == bits]}))
     for bits, nodes in passes:
         quantizer = MatMulNBitsQuantizer(model, algo_config=quantization.algorithm_config(bits), **nodes)
         if quantization.method != "rtn":
             quantizer.node_quantizer = int4_node_quantizer(quantizer.algo_config, quantization.method, hessians)
         quantizer.process()
         model = quantizer.model.model
-    quantized = [node for node in model.graph.node if node.op_type == "MatMulNBits"]
     # Shapes recorded for the float graph are stale once MatMuls become MatMulNBits.
     del model.graph.value_info[:]
     # The graph is ONNX Runtime-only now anyway: its fusions cost nothing in portability.
@@ -262,20 +293,23 @@ def quantize_graph(path: Path, quantization: WeightQuantization, hessians: dict[
     for stale in (path, Path(f"{path}.data")):
         stale.unlink(missing_ok=True)
     save_graph(model, path)
-    return len(quantized)
+    return sensitive
+
+
+def weight_matmul_shapes(model: onnx.ModelProto) -> list[tuple[str, list[int]]]:
+    """(name, [K, N]) of every MatMul whose second input is a 2-D weight (an initializer), in graph order."""
+    shapes = {tensor.name: list(tensor.dims) for tensor in model.graph.initializer}
+    return [
+        (node.name, shapes[node.input[1]])
+        for node in model.graph.node
+        if node.op_type == "MatMul" and len(shapes.get(node.input[1], [])) == 2
+    ]
 
 
 def narrowing_matmuls(model: onnx.ModelProto) -> list[str]:
     """The weight MatMuls with more input rows than output columns: the MLP's output projections (down_proj, fc2),
     whose inputs are the widest and most outlier-prone activations of a block."""
-    shapes = {tensor.name: list(tensor.dims) for tensor in model.graph.initializer}
-    return [
-        node.name
-        for node in model.graph.node
-        if node.op_type == "MatMul"
-        and len(shapes.get(node.input[1], [])) == 2
-        and shapes[node.input[1]][0] > shapes[node.input[1]][1]
-    ]
+    return [name for name, (rows, columns) in weight_matmul_shapes(model) if rows > columns]
 
 
 def _wiring(graph: onnx.GraphProto) -> tuple[dict[str, onnx.NodeProto], dict[str, int], set[str]]:
