@@ -257,7 +257,7 @@ def test_fisher_scores_rank_matrices_as_rounding_each_alone_does():
     fisher, divergence = [], []
     with torch.no_grad():
         reference = torch.log_softmax(model(input_ids=scoring).logits, dim=-1)
-        for name, linear in model.named_modules():
+        for linear in model.modules():
             if not isinstance(linear, torch.nn.Linear) or linear is model.lm_head:
                 continue
             weight = linear.weight.detach().clone()

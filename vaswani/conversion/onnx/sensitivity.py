@@ -71,9 +71,7 @@ def _model_inputs(model: nn.Module, ids: torch.Tensor) -> dict[str, torch.Tensor
     return inputs
 
 
-def fisher_row_scores(
-    model: nn.Module, windows: list[np.ndarray], block_size: int, seed: int = 0
-) -> dict[int, float]:
+def fisher_row_scores(model: nn.Module, windows: list[np.ndarray], block_size: int, seed: int = 0) -> dict[int, float]:
     """Per output row of every `nn.Linear` weight (keyed by `row_key`), how much rounding that row to 4 bits rather
     than 8 adds to the model's loss: sum over the row of F * (e4^2 - e8^2), F the diagonal Fisher information of
     the model's predictive distribution on `windows` ([1, length] token ids each).
