@@ -117,9 +117,8 @@ def test_greedy_tokens_match_pytorch_generate(folders, model, lengths, loop, mon
     assert torch.equal(ort_model.generate(ids, **options), expected)
 
 
-def test_plain_greedy_search_with_an_early_end_of_sequence_matches_pytorch(folders, model, monkeypatch):
-    """Plain greedy search (no logits processor) takes the numpy loop: one row reaches the end-of-sequence token
-    early and is padded from then on, as in transformers' loop, the others go on to max_new_tokens."""
+def numpy_loop_model(folders, monkeypatch) -> tuple[OrtModelForCausalLM, list]:
+    """The GQA fp32 export, whose `forward` must not run, and a list that grows by one per call of the numpy loop."""
     from vaswani.conversion.onnx import gqa_runtime
 
     ort_model = load(folders, "gqa-fp32")
@@ -127,6 +126,13 @@ def test_plain_greedy_search_with_an_early_end_of_sequence_matches_pytorch(folde
     calls = []
     numpy_loop = gqa_runtime._greedy_numpy
     monkeypatch.setattr(gqa_runtime, "_greedy_numpy", lambda *args: calls.append(1) or numpy_loop(*args))
+    return ort_model, calls
+
+
+def test_plain_greedy_search_with_an_early_end_of_sequence_matches_pytorch(folders, model, monkeypatch):
+    """Plain greedy search (no logits processor) takes the numpy loop: one row reaches the end-of-sequence token
+    early and is padded from then on, as in transformers' loop, the others go on to max_new_tokens."""
+    ort_model, calls = numpy_loop_model(folders, monkeypatch)
     mask = padding_mask(LENGTHS, 7, "left")
     ids = random_ids(2, 7) * mask
     options = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
@@ -136,6 +142,22 @@ def test_plain_greedy_search_with_an_early_end_of_sequence_matches_pytorch(folde
     assert (expected[1, 7 + 4 :] == 0).all()  # the oracle did stop that row early
     assert torch.equal(ort_model.generate(ids, **options, eos_token_id=eos), expected)
     assert torch.equal(ort_model.generate(ids, **options, eos_token_id=None), free_run)
+    assert len(calls) == 2
+
+
+def test_greedy_search_with_min_new_tokens_takes_the_numpy_loop_and_matches_pytorch(folders, model, monkeypatch):
+    """min_new_tokens (what a benchmark or an exact-length request sets) holds the end-of-sequence token back: the
+    numpy loop writes its -inf itself, and the tokens are transformers'."""
+    ort_model, calls = numpy_loop_model(folders, monkeypatch)
+    mask = padding_mask(LENGTHS, 7, "left")
+    ids = random_ids(2, 7) * mask
+    options = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    eos = int(model.generate(ids, **options, eos_token_id=None)[1, 7 + 1])  # the second row's second new token
+    unconstrained = model.generate(ids, **options, eos_token_id=eos)
+    expected = model.generate(ids, **options, eos_token_id=eos, min_new_tokens=6)
+    assert not torch.equal(expected[:, : unconstrained.shape[1]], unconstrained)  # the constraint changed tokens
+    assert torch.equal(ort_model.generate(ids, **options, eos_token_id=eos, min_new_tokens=6), expected)
+    assert torch.equal(ort_model.generate(ids, **options, eos_token_id=eos, min_length=7 + 6), expected)
     assert len(calls) == 2
 
 

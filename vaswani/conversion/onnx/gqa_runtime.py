@@ -14,7 +14,7 @@ import onnxruntime as ort
 import torch
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
-from .lean_steps import apply_processors, greedy_tokens, lean_logits_processors
+from .lean_steps import SuppressTokensUntilLength, apply_processors, greedy_tokens, lean_logits_processors
 from .ort_llm import FORM_GQA
 
 
@@ -272,11 +272,19 @@ def gqa_sample(
     stops = StandardStops.of(stopping_criteria)
     unfinished = torch.ones(batch, dtype=torch.long)
     processors = lean_logits_processors(logits_processor)
-    plain_greedy = not generation_config.do_sample and isinstance(processors, list) and not processors
+    # Greedy search whose only processors hold end-of-sequence back (min_new_tokens, min_length) runs on numpy too.
+    plain_greedy = (
+        not generation_config.do_sample
+        and isinstance(processors, list)
+        and all(isinstance(processor, SuppressTokensUntilLength) for processor in processors)
+    )
     if plain_greedy and stops is not None and (pad_token_id is not None or not has_eos_stopping_criteria):
         pad = None if pad_token_id is None else int(pad_token_id)
+        suppressed = [
+            (processor.columns_in(next_logits.shape[-1]).numpy(), processor.length) for processor in processors
+        ]
         return _greedy_numpy(
-            decoder, state, next_logits, ids, length, stops, pad if has_eos_stopping_criteria else None
+            decoder, state, next_logits, ids, length, stops, pad if has_eos_stopping_criteria else None, suppressed
         )
     while True:
         scores = apply_processors(processors, ids[:, :length], next_logits)
@@ -306,11 +314,14 @@ def _greedy_numpy(
     length: int,
     stops: "StandardStops",
     pad: int | None,
+    suppressed: list[tuple[np.ndarray, int]] = (),
 ) -> torch.Tensor:
-    """`gqa_sample`'s loop for plain greedy search (no logits processor, the standard stopping criteria) on numpy
-    views of the bound buffers: the same tokens and stops (numpy's argmax takes the first highest score, as torch's
-    does), at a few microseconds per operation instead of torch's dispatch (0.1 ms of a step at batch 1).
-    `pad`: the token finished rows get (None: no end-of-sequence criterion, no row finishes early)."""
+    """`gqa_sample`'s loop for plain greedy search (the standard stopping criteria) on numpy views of the bound
+    buffers: the same tokens and stops (numpy's argmax takes the first highest score, as torch's does), at a few
+    microseconds per operation instead of torch's dispatch (0.1 ms of a step at batch 1).
+    `pad`: the token finished rows get (None: no end-of-sequence criterion, no row finishes early).
+    `suppressed`: (token ids, length) of each `SuppressTokensUntilLength`: those columns get -inf while the
+    sequences are shorter than the length (the scores are the step's own output buffer, rewritten by every run)."""
     rows = next_logits.numpy()
     logits = state.logits.numpy()[:, 0]  # the step's output buffer, a view
     tokens, seqlens, total = state.tokens.numpy(), state.seqlens.numpy(), state.total.numpy()
@@ -319,6 +330,9 @@ def _greedy_numpy(
     unfinished = np.ones(ids.shape[0], dtype=bool)
     run, binding = decoder.session.run_with_iobinding, state.binding
     while True:
+        for columns, until in suppressed:
+            if length < until:
+                rows[:, columns] = -np.inf
         next_tokens = rows.argmax(-1)
         if pad is not None:
             next_tokens = np.where(unfinished, next_tokens, pad)

@@ -38,11 +38,14 @@ class SuppressTokensUntilLength:
         if input_ids.shape[-1] >= self.length:
             return scores
         if self.columns is None or self.columns.device != scores.device:
-            # As transformers' mask: ids outside the vocabulary suppress nothing.
-            ids = self.token_ids.to(scores.device)
-            self.columns = ids[(ids >= 0) & (ids < scores.shape[-1])]
+            self.columns = self.columns_in(scores.shape[-1]).to(scores.device)
         scores[:, self.columns] = -math.inf
         return scores
+
+    def columns_in(self, vocabulary: int) -> torch.Tensor:
+        """The suppressed token ids that are columns of a `vocabulary`-wide score row (as transformers' mask: ids
+        outside the vocabulary suppress nothing)."""
+        return self.token_ids[(self.token_ids >= 0) & (self.token_ids < vocabulary)]
 
 
 def lean_logits_processors(processors: LogitsProcessorList) -> list[Processor] | LogitsProcessorList:
