@@ -5,11 +5,14 @@
 Example:
     $ vaswani convert --from ./llama-folder --to ./vaswani-folder
     $ vaswani export --model ./vaswani-folder --task text-generation --output ./onnx-folder
+    $ vaswani export --model ./llama-folder --output ./onnx-folder  # both steps in one process
     $ vaswani serve ./onnx-folder --port 8000
 """
 
 import argparse
+import os
 import sys
+from typing import NoReturn
 
 
 def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -53,15 +56,24 @@ def _run_convert(args: argparse.Namespace) -> int:
 def _add_export_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "export",
-        help="export a vaswani model folder to ONNX and validate it",
+        help="export a vaswani or transformers model folder to ONNX and validate it",
         description="Export a saved vaswani model to an ONNX folder (graphs with external weights, config, tokenizer, "
-        "manifest.json describing every input and output) with torch.onnx.export(dynamo=True). Every graph is then "
+        "manifest.json describing every input and output) with torch.onnx.export(dynamo=True). A transformers folder "
+        "is converted in memory first, as `vaswani convert` would (same graphs, no intermediate folder), and must "
+        "match the transformers model on a left-padded batch (max abs diff <= 1e-4). Every graph is then "
         "run by ONNX Runtime on fresh shapes and padded batches and compared with PyTorch; the table of max abs "
         "differences ends the output. The folder is built beside OUT and moved into place only when it validates.",
-        epilog="exit status: 0 exported and validated; 1 ONNX Runtime disagrees with PyTorch beyond the tolerance "
-        "(nothing is written); 2 bad input (missing folder, unsupported task, non-empty output without --overwrite).",
+        epilog="exit status: 0 exported and validated; 1 the converted transformers model or ONNX Runtime disagrees "
+        "with PyTorch beyond the tolerance (nothing is written); 2 bad input (missing folder, unsupported "
+        "architecture or task, non-empty output without --overwrite).",
     )
-    parser.add_argument("--model", required=True, metavar="DIR", help="the vaswani model folder (save_pretrained)")
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="DIR",
+        help="the model folder (save_pretrained): a vaswani one, or a transformers one (LLaMA, Mistral, Qwen2, "
+        "GPT-2, BERT, BART, T5), converted in memory and checked against it before the export",
+    )
     parser.add_argument(
         "--task",
         help="feature-extraction, fill-mask, text-classification, token-classification, text-generation or "
@@ -142,6 +154,7 @@ def _add_export_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _run_export(args: argparse.Namespace) -> int:
     # Imported here, so that `vaswani --help` does not load torch and transformers.
+    from .conversion.checkpoints import ParityError
     from .conversion.onnx import OnnxValidationError, export_onnx
 
     try:
@@ -169,6 +182,9 @@ def _run_export(args: argparse.Namespace) -> int:
     except OnnxValidationError as error:
         print(error.report)
         print(f"error: the export does not match PyTorch; nothing was written to {args.output}.", file=sys.stderr)
+        return 1
+    except ParityError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 1
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -252,15 +268,40 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _exit_now(code: int) -> NoReturn:
+    """End the process without the interpreter's teardown.
+
+    After an export, torch, ONNX Runtime and the traced programs leave so many objects, modules and thread pools
+    behind that tearing them down takes 1.5-3 s, longer than a small model's whole conversion, and does nothing the
+    user can see: `export_onnx` has written, closed and moved every file into place before it returns. Only
+    Python's own buffers (the printed report, piped output is block-buffered) still need to be flushed.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `vaswani` console script; returns the process exit code."""
+    """Entry point of the `vaswani` console script; returns the process exit code.
+
+    Run as the console script (`argv` None: the arguments come from the command line), `vaswani export` ends the
+    process as soon as it has finished (`_exit_now`). Called with arguments, as tests and other Python code do, every
+    command returns its exit code.
+
+    Example:
+        >>> main(["export", "--model", "llama-folder", "--output", "llama-onnx"])  # doctest: +SKIP
+        0
+    """
     parser = argparse.ArgumentParser(prog="vaswani", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_convert_parser(subparsers)
     _add_export_parser(subparsers)
     _add_serve_parser(subparsers)
     args = parser.parse_args(argv)
-    return args.run(args)
+    code = args.run(args)
+    if argv is None and args.command == "export":
+        _exit_now(code)
+    return code
 
 
 if __name__ == "__main__":

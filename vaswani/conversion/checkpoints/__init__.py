@@ -13,7 +13,8 @@ Where things are:
   every field of a vaswani model that a target architecture cannot express.
 - `parity.py`: `measure_parity`, the check a converted model must pass.
 - `folders.py`: `convert_checkpoint`, whole folders (safetensors, generation config, tokenizer), written only once
-  the saved copy passes the parity check.
+  the saved copy passes the parity check; `load_converted`, a transformers folder converted in memory (weights
+  shared) and checked, for the ONNX export of a transformers folder.
 
 A new architecture (Phi, Gemma, ...) is one new module beside `llama.py` (copy the shape of the closest one) and one
 entry in `registry.ARCHITECTURE_MODULES`; a variant of an existing one (as Mistral is of LLaMA) is an entry in that
@@ -37,7 +38,7 @@ Whole folders, tokenizer included, with a parity check before anything is writte
 """
 
 from .convert import check_convertible, from_transformers, infer_architecture, to_transformers
-from .folders import convert_checkpoint
+from .folders import convert_checkpoint, load_converted
 from .parity import PARITY_TOLERANCE, Parity, ParityError, measure_parity
 from .registry import ARCHITECTURES, TARGET_CLASSES
 
@@ -51,6 +52,7 @@ __all__ = [
     "convert_checkpoint",
     "from_transformers",
     "infer_architecture",
+    "load_converted",
     "measure_parity",
     "to_transformers",
 ]

@@ -61,12 +61,13 @@ def _untie_output_embeddings(model: PreTrainedModel) -> None:
         del model.all_tied_weights_keys[name]
 
 
-def _load_weights(model: PreTrainedModel, state_dict: StateDict) -> None:
+def _load_weights(model: PreTrainedModel, state_dict: StateDict, *, assign: bool = False) -> None:
     """Load converted weights into `model`; every weight must find its place.
 
     Tied weights load once, through their source, and the checkpoint must really hold equal values for them. A
     weight in `ZERO_WHEN_ABSENT` that the source lacks is filled with zeros, and one the model lacks is dropped
-    if it is all zeros. Anything else missing or unexpected is an error.
+    if it is all zeros. Anything else missing or unexpected is an error. With `assign`, the model's parameters become
+    the given tensors instead of copies of them.
     """
     state_dict = dict(state_dict)
     tied = model.all_tied_weights_keys
@@ -85,7 +86,9 @@ def _load_weights(model: PreTrainedModel, state_dict: StateDict) -> None:
     for name, tensor in expected.items():
         if name not in state_dict and name not in tied and ZERO_WHEN_ABSENT.search(name):
             state_dict[name] = torch.zeros_like(tensor)
-    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=assign)
+    if assign:
+        model.tie_weights()  # the tied source got a new tensor: point its other names (the LM head) at it again
     missing = [name for name in missing if name not in tied]
     if missing or unexpected:
         raise ValueError(
@@ -101,8 +104,12 @@ def _copy_generation_config(source: PreTrainedModel, converted: PreTrainedModel)
             converted.generation_config.decoder_start_token_id = converted.config.decoder_start_token_id
 
 
-def from_transformers(model: PreTrainedModel) -> VaswaniPreTrainedModel:
+def from_transformers(model: PreTrainedModel, *, share_weights: bool = False) -> VaswaniPreTrainedModel:
     """Convert a transformers model into the vaswani model with the same weights and outputs, in eval mode.
+
+    The weights are copied, unless `share_weights`: then the converted model's parameters are the source's tensors
+    wherever the layouts agree (all but GPT-2's transposed and split projections), so the conversion holds no second
+    copy of the weights; changing one model's weights in place then changes the other's.
 
     Supported source classes and what they become (`TARGET_CLASSES`): `LlamaForCausalLM`, `MistralForCausalLM`,
     `Qwen2ForCausalLM`, `GPT2LMHeadModel` -> `VaswaniForCausalLM`; `BertModel` -> `VaswaniEncoderModel`,
@@ -142,7 +149,7 @@ def from_transformers(model: PreTrainedModel) -> VaswaniPreTrainedModel:
     state_dict = architecture.state_dict_from(state_dict)
     if converted.base_model is converted:  # a bare stack: its names lack the heads' "model." prefix
         state_dict = {name.removeprefix("model."): tensor for name, tensor in state_dict.items()}
-    _load_weights(converted, state_dict)
+    _load_weights(converted, state_dict, assign=share_weights)
     _copy_generation_config(model, converted)
     return converted.eval()
 
@@ -326,4 +333,3 @@ def to_transformers(model: VaswaniPreTrainedModel, architecture: str | None = No
     _load_weights(converted, state_dict)
     _copy_generation_config(model, converted)
     return converted.eval()
-

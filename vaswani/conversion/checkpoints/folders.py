@@ -1,5 +1,7 @@
 """Whole model folders: `convert_checkpoint` loads a folder, converts it (`convert.py`), saves it as safetensors
-with its generation config and tokenizer, and installs it only once the saved copy passes the parity check."""
+with its generation config and tokenizer, and installs it only once the saved copy passes the parity check.
+`load_converted` does the same in memory, for a caller that goes on with the model (the ONNX export of a
+transformers folder): nothing is written and the weights are not copied."""
 
 import json
 import logging
@@ -81,6 +83,22 @@ def _source_class(config: dict, folder: Path, reverse: str | None) -> type[PreTr
     return model_class
 
 
+def is_transformers_folder(folder: str | PathLike[str]) -> bool:
+    """Whether `folder` holds a transformers model (a config.json whose model_type is not a vaswani one), whichever
+    architecture: `load_converted` then converts it, or says which architectures it supports."""
+    folder = Path(folder)
+    return (folder / "config.json").is_file() and _read_config(folder).get("model_type") not in CONFIG_CLASSES
+
+
+def _load_source(
+    folder: Path, source_class: type[PreTrainedModel], config: dict, log: Callable[[str], None]
+) -> PreTrainedModel:
+    log(f"Loading {source_class.__name__} from {folder}")
+    model = source_class.from_pretrained(folder, dtype=torch.float32, local_files_only=True).eval()
+    log(f"Loaded {sum(p.numel() for p in model.parameters()):,} parameters ({config.get('model_type')})")
+    return model
+
+
 def _check_target(target: Path, source: Path, overwrite: bool) -> None:
     if target.resolve() == source.resolve():
         raise ValueError(f"The target folder {target} is the source folder; pick another one.")
@@ -91,7 +109,8 @@ def _has_tokenizer(folder: Path) -> bool:
     return any((folder / name).is_file() for name in TOKENIZER_FILES)
 
 
-def _copy_tokenizer(source: Path, staging: Path, log: Callable[[str], None]) -> None:
+def copy_tokenizer(source: Path, staging: Path, log: Callable[[str], None]) -> None:
+    """Save the tokenizer of `source` (if it has one) into `staging`, checked to encode a probe text identically."""
     if not _has_tokenizer(source):
         log("Tokenizer: none in the source folder")
         return
@@ -135,9 +154,7 @@ def convert_checkpoint(
     saved_dtype = getattr(torch, str(config.get("dtype") or config.get("torch_dtype")), None)
     if not isinstance(saved_dtype, torch.dtype):
         saved_dtype = torch.float32
-    log(f"Loading {source_class.__name__} from {source}")
-    model = source_class.from_pretrained(source, dtype=torch.float32, local_files_only=True).eval()
-    log(f"Loaded {sum(p.numel() for p in model.parameters()):,} parameters ({config.get('model_type')})")
+    model = _load_source(source, source_class, config, log)
     if reverse is None:
         converted = from_transformers(model)
     else:
@@ -155,9 +172,40 @@ def convert_checkpoint(
         log(f"Parity: {parity}")
         if not parity.ok:
             raise ParityError(f"The converted model does not reproduce {source}: {parity}. Nothing was written.")
-        _copy_tokenizer(source, staging, log)
+        copy_tokenizer(source, staging, log)
         _check_target(target, source, overwrite)  # again: the folder may have appeared while this ran
     log(f"Wrote {target}")
     return target
 
 
+def load_converted(
+    source_dir: str | PathLike[str], *, log: Callable[[str], None] = logger.info
+) -> VaswaniPreTrainedModel:
+    """A transformers model folder as the equivalent vaswani model, converted in memory and checked against it.
+
+    The architecture check and the float32 load are `convert_checkpoint`'s; the conversion shares the loaded
+    weights (`from_transformers(share_weights=True)`), so memory holds one copy of them and nothing is written. The
+    two models must agree on a left-padded batch (`measure_parity(left_padded=True)`: max abs diff <= 1e-4 at the
+    real tokens) or `ParityError` is raised; greedy generation is not compared, which would add about a second for a
+    135M-parameter model. An unsupported architecture raises `ValueError` listing the supported ones before
+    anything is loaded. The source's generation config comes along; its tokenizer stays in the folder
+    (`copy_tokenizer` carries it).
+
+    Example:
+        >>> model = load_converted("SmolLM2-135M-Instruct", log=print)  # doctest: +SKIP
+        >>> type(model).__name__  # doctest: +SKIP
+        'VaswaniForCausalLM'
+    """
+    source = Path(source_dir)
+    config = _read_config(source)
+    source_class = _source_class(config, source, reverse=None)
+    model = _load_source(source, source_class, config, log)
+    converted = from_transformers(model, share_weights=True)
+    # What save_pretrained would record, and what the two-step path (convert, then load) reads back.
+    converted.config.architectures = [type(converted).__name__]
+    log(f"Converted to {type(converted).__name__} ({converted.config.model_type}) in memory, sharing its weights")
+    parity = measure_parity(model, converted, left_padded=True, greedy=False)
+    log(f"Parity: {parity}")
+    if not parity.ok:
+        raise ParityError(f"The converted model does not reproduce {source}: {parity}. Nothing was written.")
+    return converted

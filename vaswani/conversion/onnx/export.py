@@ -8,6 +8,7 @@ the folder into place.
 Example:
     >>> from vaswani.conversion import export_onnx
     >>> result = export_onnx("my-decoder", "my-decoder-onnx", task="text-generation")  # or a model object
+    >>> result = export_onnx("SmolLM2-135M-Instruct", "smol-onnx")  # a transformers folder: converted in memory
     >>> print(result.validation)  # max abs diff per output, ONNX Runtime vs PyTorch, on fresh shapes
     >>> result.manifest["graphs"]["model"]["inputs"][0]
     {'name': 'input_ids', 'dtype': 'int64', 'shape': ['batch', 'sequence']}
@@ -33,6 +34,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedConfig, PreTrainedModel
 
 from ...folders import check_output_folder, staged_folder
+from ..checkpoints.folders import copy_tokenizer, is_transformers_folder, load_converted
 from .contract import (
     DTYPES,
     PAST_PLUS_SEQUENCE,
@@ -167,7 +169,9 @@ def _name_axes(values: list[onnx_ir.Value], specs: list[TensorSpec], graph: str)
         value.shape = onnx_ir.Shape(list(spec.shape))
 
 
-def _write_side_files(folder: Path, model: PreTrainedModel, task: str, source: Path | None) -> None:
+def _write_side_files(
+    folder: Path, model: PreTrainedModel, task: str, source: Path | None, say: Callable[[str], None]
+) -> None:
     """config.json, generation_config.json (generation tasks) and the tokenizer files of the source folder."""
     model.config.to_json_file(folder / "config.json")
     if task in GENERATION_TASKS:
@@ -177,7 +181,10 @@ def _write_side_files(folder: Path, model: PreTrainedModel, task: str, source: P
         generation_config.to_json_file(folder / "generation_config.json")
     if source is None and getattr(model, "name_or_path", None) and Path(model.name_or_path).is_dir():
         source = Path(model.name_or_path)
-    if source is not None:
+    if source is not None and is_transformers_folder(source):
+        # As `vaswani convert` does, so that both ways to an export give the same folder.
+        copy_tokenizer(source, folder, say)
+    elif source is not None:
         for name in TOKENIZER_FILES:
             if (source / name).is_file():
                 shutil.copy2(source / name, folder / name)
@@ -216,10 +223,14 @@ def export_onnx(
     stamp_layers: bool = True,
     progress: Progress = None,
 ) -> ExportResult:
-    """Export a vaswani model (or a saved folder) to an ONNX folder, validated against PyTorch.
+    """Export a vaswani model (or a saved folder, vaswani or transformers) to an ONNX folder, validated against PyTorch.
 
     Args:
-        model_or_folder: a vaswani model, or a folder saved with `save_pretrained` (its tokenizer is copied too).
+        model_or_folder: a vaswani model, or a folder saved with `save_pretrained` (its tokenizer is copied too):
+            a vaswani one, or a transformers one of an architecture `vaswani convert` supports (LLaMA, Mistral,
+            Qwen2, GPT-2, BERT, BART, T5), which is converted in memory sharing its weights and must first match
+            the transformers model on a left-padded batch (`load_converted`; else `ParityError`, and nothing is
+            written). Either way the graphs are the ones `vaswani convert` followed by an export gives.
         output_dir: the folder to write; built beside it and moved into place only once complete and validated.
         task: a transformers pipeline task (`SUPPORTED_TASKS` per family); defaults to the model's head's task.
         dtype: "fp32" or "fp16" (fp16: half weights, KV cache and hidden states; float32 logits and softmax).
@@ -270,6 +281,11 @@ def export_onnx(
         >>> result = export_onnx(model, "out", task="text-generation", quantize="int8")
         >>> result.manifest["quantization"]
         'int8-weight-only'
+        >>> result = export_onnx("SmolLM2-135M-Instruct", "smol-int8", quantize="int8", progress=print)
+        Loading LlamaForCausalLM from SmolLM2-135M-Instruct
+        ...
+        Parity: max abs diff 0 over logits on a left-padded batch (tolerance 0.0001); greedy generation not compared
+        ...
     """
     say = progress or (lambda message: None)
     if dtype not in DTYPES:
@@ -307,8 +323,14 @@ def export_onnx(
     source = None
     if isinstance(model_or_folder, (str, os.PathLike)):
         source = Path(model_or_folder)
-        say(f"Loading {source}")
-        model, task = load_for_task(source, task)
+        if source.resolve() == output_dir.resolve():
+            raise ValueError(f"The output folder {output_dir} is the model folder; pick another one.")
+        if is_transformers_folder(source):
+            model = load_converted(source, log=say)
+            task = task or infer_task(model)
+        else:
+            say(f"Loading {source}")
+            model, task = load_for_task(source, task)
     else:
         model = model_or_folder
         task = task or infer_task(model)
@@ -341,7 +363,7 @@ def export_onnx(
         graphs = _export_graphs(export_model, task, specs, DTYPES[dtype], device, opset, stamp_layers, say)
         for spec in specs:
             save_graph(graphs.pop(spec.name), staging / spec.file)
-        _write_side_files(staging, module, task, source)
+        _write_side_files(staging, module, task, source, say)
 
         def write_manifest_and_validate(stage_quantization) -> ValidationReport | None:
             manifest = build_manifest(
