@@ -15,13 +15,15 @@ Only public tools: the `vaswani` command line, `subprocess` and `time`.
 import argparse
 import filecmp
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmark_export import cpu_name  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PRECISIONS = {"fp32": [], "int8": ["--quantize", "int8"], "int4": ["--quantize", "int4"]}
@@ -70,16 +72,6 @@ def remove_builds(work: Path) -> None:
 def same_graphs(first: Path, second: Path) -> bool:
     names = sorted(path.name for path in first.iterdir() if path.name.startswith("model.onnx"))
     return bool(names) and all(filecmp.cmp(first / name, second / name, shallow=False) for name in names)
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def _spread(values: list[float]) -> str:

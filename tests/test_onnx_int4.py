@@ -115,6 +115,18 @@ def windows(text: str, tokenizer, length: int = 48, count: int = 8) -> torch.Ten
     return torch.tensor(ids).reshape(count, length)
 
 
+def train_on_corpus(model, data: torch.Tensor, steps: int) -> None:
+    """A few AdamW steps of next-token training on `data` [64, length] in batches of 8; the model ends in eval mode."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for step in range(steps):
+        batch = data[(step * 8) % 64 : (step * 8) % 64 + 8]
+        model(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tiny causal LM trained for a few steps on the corpus (trained weights have the outlier inputs and the
@@ -122,15 +134,7 @@ def trained(tmp_path_factory):
     folder = tmp_path_factory.mktemp("int4") / "model"
     tokenizer = corpus_tokenizer(vocab_size=300, kilobytes=50)
     model = build_model(VaswaniForCausalLM, tiny_decoder_config(vocab_size=len(tokenizer), initializer_range=0.02))
-    data = windows(corpus_text()[200_000:260_000], tokenizer, length=64, count=64)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for step in range(60):
-        batch = data[(step * 8) % 64 : (step * 8) % 64 + 8]
-        model(input_ids=batch, labels=batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    model.eval()
+    train_on_corpus(model, windows(corpus_text()[200_000:260_000], tokenizer, length=64, count=64), steps=60)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     exports = {
@@ -243,15 +247,7 @@ def test_fisher_scores_rank_matrices_as_rounding_each_alone_does():
         num_key_value_heads=2,
     )
     model = build_model(VaswaniForCausalLM, config)
-    data = windows(corpus_text()[200_000:300_000], tokenizer, length=64, count=64)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for step in range(100):
-        batch = data[(step * 8) % 64 : (step * 8) % 64 + 8]
-        model(input_ids=batch, labels=batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    model.eval()
+    train_on_corpus(model, windows(corpus_text()[200_000:300_000], tokenizer, length=64, count=64), steps=100)
     scoring = windows(corpus_text()[:40_000], tokenizer, length=64, count=16)
     scores = fisher_row_scores(model, [row[None].numpy() for row in scoring], block_size=BLOCK)
     fisher, divergence = [], []
