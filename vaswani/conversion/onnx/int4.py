@@ -137,11 +137,12 @@ def calibrate(
 
 
 def rtn_grid(block: torch.Tensor, bits: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per column of a block of rows [rows, N]: the asymmetric scale and integer zero point of round to nearest from
-    the block's range (extended to include 0, as ONNX Runtime does, so that 0 is exact)."""
+    """Per column of a block of rows [..., rows, N] (any leading axes: several blocks at once): the asymmetric scale
+    and integer zero point [..., N] of round to nearest from the block's range (extended to include 0, as ONNX Runtime
+    does, so that 0 is exact)."""
     levels = 2**bits - 1
-    low = block.min(dim=0).values.clamp(max=0)
-    high = block.max(dim=0).values.clamp(min=0)
+    low = block.amin(dim=-2).clamp(max=0)
+    high = block.amax(dim=-2).clamp(min=0)
     scale = (high - low) / levels
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     zero = torch.round(-low / scale).clamp(0, levels)
@@ -196,12 +197,12 @@ ZERO_SHIFTS = (-1, 0, 1)
 
 
 def search_grid(block: torch.Tensor, bits: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per column of a block of rows [rows, N], the scale and integer zero point, RTN's or one of `SCALE_FACTORS` x
-    `ZERO_SHIFTS` around it, whose round to nearest leaves the smallest sum of squared errors. RTN's own grid is a
-    candidate, so no block's error exceeds RTN's."""
+    """Per column of a block of rows [..., rows, N] (any leading axes: several blocks at once), the scale and integer
+    zero point [..., N], RTN's or one of `SCALE_FACTORS` x `ZERO_SHIFTS` around it, whose round to nearest leaves the
+    smallest sum of squared errors. RTN's own grid is a candidate, so no block's error exceeds RTN's."""
     levels = 2**bits - 1
     scale_rtn, zero_rtn = rtn_grid(block, bits)
-    low = block.min(dim=0).values.clamp(max=0)
+    low = block.amin(dim=-2).clamp(max=0)
     best_loss = torch.full_like(scale_rtn, float("inf"))
     best_scale, best_zero = scale_rtn.clone(), zero_rtn.clone()
     for factor in SCALE_FACTORS:
@@ -209,8 +210,11 @@ def search_grid(block: torch.Tensor, bits: int = 4) -> tuple[torch.Tensor, torch
         center = zero_rtn if factor == 1.0 else torch.round(-low / scale)
         for shift in ZERO_SHIFTS:
             zero = (center + shift).clamp(0, levels)
-            error = block - (torch.clamp(torch.round(block / scale + zero), 0, levels) - zero) * scale
-            loss = error.square().sum(dim=0)
+            grid_scale, grid_zero = scale.unsqueeze(-2), zero.unsqueeze(-2)
+            error = (
+                block - (torch.clamp(torch.round(block / grid_scale + grid_zero), 0, levels) - grid_zero) * grid_scale
+            )
+            loss = error.square().sum(dim=-2)
             better = loss < best_loss
             best_loss = torch.where(better, loss, best_loss)
             best_scale = torch.where(better, scale, best_scale)
@@ -222,18 +226,15 @@ def search_quantize(weight: np.ndarray, block_size: int, bits: int = 4) -> tuple
     """Round to nearest on each block's `search_grid` grid. Returns the integers [K, N], scales and zero points
     [K / block_size, N], as `gptq`."""
     levels = 2**bits - 1
-    w = torch.tensor(weight, dtype=torch.float32)
-    integers, scales, zeros = [], [], []
-    for start in range(0, weight.shape[0], block_size):
-        block = w[start : start + block_size]
-        scale, zero = search_grid(block, bits)
-        integers.append(torch.clamp(torch.round(block / scale + zero), 0, levels))
-        scales.append(scale)
-        zeros.append(zero)
+    rows, columns = weight.shape
+    # Every block at once [blocks, block_size, N]: a few large tensor ops instead of many small ones per block.
+    blocks = torch.tensor(weight, dtype=torch.float32).reshape(rows // block_size, block_size, columns)
+    scales, zeros = search_grid(blocks, bits)
+    integers = torch.clamp(torch.round(blocks / scales.unsqueeze(1) + zeros.unsqueeze(1)), 0, levels)
     return (
-        torch.cat(integers).to(torch.uint8).numpy(),
-        torch.stack(scales).numpy().astype(np.float32),
-        torch.stack(zeros).to(torch.uint8).numpy(),
+        integers.reshape(rows, columns).to(torch.uint8).numpy(),
+        scales.numpy().astype(np.float32),
+        zeros.to(torch.uint8).numpy(),
     )
 
 
