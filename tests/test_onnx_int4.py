@@ -332,7 +332,8 @@ def test_without_a_tokenizer_the_default_budget_says_so_and_an_explicit_one_is_a
     lines = []
     result = export_onnx(tmp_path / "model", tmp_path / "out", quantize="int4", progress=lines.append)
     assert any("every body matrix stays 4-bit (there is no tokenizer beside the model)" in line for line in lines)
-    assert "eight_bit_matmuls" not in result.manifest["quantization_options"]
+    options = result.manifest["quantization_options"]
+    assert "eight_bit_matmuls" not in options and options["eight_bit_budget"] == 0
     assert {node["bits"] for node in nbits_of(tmp_path / "out")} == {4, 8}  # the body, the head
     with pytest.raises(ValueError, match="tokenizer files, or pass int4_8bit_budget=0"):
         export_onnx(tmp_path / "model", tmp_path / "out2", quantize="int4", int4_8bit_budget=0.1)

@@ -24,7 +24,7 @@ import shutil
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
@@ -356,6 +356,8 @@ def export_onnx(
             explicit=int4_8bit_budget is not None,
             say=say,
         )
+        if row_scores is None:  # the default budget could not be spent: the manifest says 0, as the graph is
+            quantization = replace(quantization, eight_bit_budget=0.0)
     specs = build_graph_specs(export_model, task, DTYPES[dtype])
     form = {"attention_form": "portable"}
 
