@@ -85,7 +85,7 @@ def fisher_row_scores(model: nn.Module, windows: list[np.ndarray], block_size: i
     head_weight = getattr(head, "weight", None)
     linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
     weights = list(dict.fromkeys(module.weight for module in linears if module.weight is not head_weight))
-    fisher = [torch.zeros_like(weight, dtype=torch.float64) for weight in weights]
+    fisher = [torch.zeros_like(weight) for weight in weights]  # float32: the ranking needs no more, memory does
     generator = torch.Generator().manual_seed(seed)
     was_training, wanted_grad = model.training, [weight.requires_grad for weight in weights]
     model.eval()
@@ -99,7 +99,7 @@ def fisher_row_scores(model: nn.Module, windows: list[np.ndarray], block_size: i
                 labels = torch.multinomial(torch.softmax(logits.detach(), -1), 1, generator=generator).squeeze(1)
                 loss = nn.functional.cross_entropy(logits, labels, reduction="sum")
                 for total, gradient in zip(fisher, torch.autograd.grad(loss, weights)):
-                    total += gradient.double().square()
+                    total += gradient.square()
     finally:
         for weight, wanted in zip(weights, wanted_grad):
             weight.requires_grad_(wanted)
