@@ -76,7 +76,7 @@ class WeightQuantization:
 # `quantize=` argument -> its format. Perplexity on SmolLM2-135M-Instruct (30 layers; docs/deployment.md, over 1,024
 # and 512 tokens of text): int8 +0.6% / +0.5%; int4 rounded to nearest +12.8% / +21.9% with an 8-bit head (+44% with
 # the head in 4 bits too), +12% over 512 tokens with `block_size=16`; int4 `search` +11.2% over 1,024 tokens, +2.4%
-# with `narrowing_bits=8` (docs/results/int4_quality.md).
+# with `narrowing_bits=8`, +4.3% with the default 8-bit budget (`eight_bit_budget`, docs/results/int4_quality.md).
 QUANTIZATIONS = {
     "int8": WeightQuantization("int8-weight-only", bits=8, symmetric=True),
     "int4": WeightQuantization("int4-weight-only", bits=4, symmetric=False),
