@@ -106,9 +106,11 @@ def test_fully_masked_query_rows_give_no_nan(attn_implementation, fresh_dynamo):
 def test_registered_attention_function_is_called_and_matches_sdpa():
     calls = []
 
-    def counting_sdpa(module, query, key, value, attention_mask, **kwargs):
+    # A function that receives the position bias declares it: one that only forwards **kwargs is refused for ALiBi
+    # and relative bias (see test_transformers_compat), since most such functions drop it.
+    def counting_sdpa(module, query, key, value, attention_mask, position_bias=None, **kwargs):
         calls.append(module.layer_idx)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, position_bias=position_bias, **kwargs)
 
     AttentionInterface.register("counting_sdpa", counting_sdpa)
     # Without a registered mask format transformers hands custom functions no mask at all (padding ignored).

@@ -1,11 +1,16 @@
 """ONNX Runtime generation from exported tiny models against the PyTorch models they came from: token-identical
-(greedy, beam search, seeded sampling, stopping criteria; in the lean loop and in transformers' own loop), logits and
-caches agree, the encoder graph emits the cross-attention cache the decoder reads, IO binding writes the cache into
-preallocated buffers, and fp16 exports keep a half-precision cache.
+(greedy, beam search, seeded sampling, stopping criteria; in the lean loop, which transformers calls through its
+public `custom_generate` hook, in its fallback through `forward`, and in transformers' own loop), logits and caches
+agree, the encoder graph emits the cross-attention cache the decoder reads (repeated per beam by the decoder), IO
+binding writes the cache into preallocated buffers, and fp16 exports keep a half-precision cache.
 
 The models are exported once per test session (onnx_cases.py). CUDA tests run only where onnxruntime has
 the CUDA provider and torch sees a GPU.
 """
+
+import functools
+import inspect
+import re
 
 import pytest
 import torch
@@ -13,7 +18,7 @@ import torch
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")  # the exporter's dependency
 
-from conftest import build_model, random_ids, tiny_decoder_config  # noqa: E402
+from conftest import build_model, padding_mask, random_ids, tiny_decoder_config  # noqa: E402
 from onnx_cases import (  # noqa: E402
     DECODERS,
     HAS_CUDA,
@@ -24,6 +29,7 @@ from onnx_cases import (  # noqa: E402
     right_padded_sources,
 )
 from transformers import (  # noqa: E402
+    GenerationConfig,
     GenerationMixin,
     LogitsProcessor,
     LogitsProcessorList,
@@ -31,10 +37,14 @@ from transformers import (  # noqa: E402
     StoppingCriteriaList,
     pipeline,
 )
+from transformers.cache_utils import DynamicCache  # noqa: E402
 from transformers.modeling_outputs import BaseModelOutput  # noqa: E402
 
 from vaswani import VaswaniForCausalLM  # noqa: E402
 from vaswani.conversion import OrtModelForCausalLM, OrtModelForSeq2SeqLM, export_onnx  # noqa: E402
+from vaswani.conversion.onnx import default_session_options, generation, gqa_runtime, lean_steps  # noqa: E402
+from vaswani.conversion.onnx.generation import OrtModelForGeneration  # noqa: E402
+from vaswani.modeling import cache_keyword  # noqa: E402
 
 pytest_plugins = ["onnx_cases"]  # the shared `tokenizer`, `exports` and `load` fixtures
 
@@ -44,19 +54,41 @@ LOOPS = ["lean", "transformers"]
 GREEDY_FIXED = dict(do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None)  # every row runs every step
 
 
-@pytest.fixture
-def transformers_loop_runs(monkeypatch):
-    """The ORT models that ran transformers' own greedy/sampling loop, to check which loop a generate() call took
-    (the lean loop must not silently fall back, nor the transformers loop be skipped)."""
-    runs = []
-    original = GenerationMixin._sample
+def counting(forward, calls: list):
+    """`forward` that appends to `calls` at each call."""
 
+    @functools.wraps(forward)  # transformers reads forward's signature
     def recording(self, *args, **kwargs):
-        if type(self).__name__.startswith("Ort"):
-            runs.append(type(self).__name__)
-        return original(self, *args, **kwargs)
+        calls.append(type(self).__name__)
+        return forward(self, *args, **kwargs)
 
-    monkeypatch.setattr(GenerationMixin, "_sample", recording)
+    return recording
+
+
+@pytest.fixture
+def loops(monkeypatch):
+    """The decoding loop each generate() call of an ORT model took, told by public behaviour only: "lean" (generate
+    was given `lean_sample` as `custom_generate`, and forward never ran: the lean loop drives the graph itself),
+    "lean via forward" (`lean_sample` decoded through forward) or "transformers" (transformers' own loop). The lean
+    loop must not silently fall back, nor transformers' loop be skipped."""
+    runs, forward_calls = [], []
+    generate = GenerationMixin.generate
+
+    @functools.wraps(generate)
+    def recording(self, *args, **kwargs):
+        if not isinstance(self, OrtModelForGeneration):
+            return generate(self, *args, **kwargs)
+        forward_calls.clear()
+        result = generate(self, *args, **kwargs)
+        if kwargs.get("custom_generate") is type(self).lean_sample:
+            runs.append("lean via forward" if forward_calls else "lean")
+        else:
+            runs.append("transformers")
+        return result
+
+    monkeypatch.setattr(GenerationMixin, "generate", recording)
+    for ort_class in (OrtModelForCausalLM, OrtModelForSeq2SeqLM):
+        monkeypatch.setattr(ort_class, "forward", counting(ort_class.forward, forward_calls))
     return runs
 
 
@@ -70,23 +102,19 @@ def generate_both(pytorch_model, ort_model, loop: str, seed: int = 0, **kwargs) 
     return tuple(outputs)
 
 
-def expected_loop_runs(loop: str, ort_model) -> list[str]:
-    return [type(ort_model).__name__] if loop == "transformers" else []
-
-
 # -------------------------------------------------------------------------------------- decoder generation
 
 
 @pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("name", DECODERS)
-def test_greedy_generation_of_a_left_padded_batch_matches_pytorch(load, transformers_loop_runs, name, loop):
+def test_greedy_generation_of_a_left_padded_batch_matches_pytorch(load, loops, name, loop):
     pytorch_model, ort_model = load(OrtModelForCausalLM, f"decoder-{name}")
     input_ids, attention_mask = left_padded_prompts()
     expected, actual = generate_both(
         pytorch_model, ort_model, loop, input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=NEW_TOKENS
     )
     assert torch.equal(actual, expected)
-    assert transformers_loop_runs == expected_loop_runs(loop, ort_model)
+    assert loops == [loop]
 
 
 def test_cpu_generation_runs_torch_single_threaded_and_restores_its_threads(load):
@@ -134,7 +162,7 @@ def test_beam_search_matches_pytorch(load, name):
 
 @pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("name", DECODERS)
-def test_seeded_sampling_matches_pytorch(load, transformers_loop_runs, name, loop):
+def test_seeded_sampling_matches_pytorch(load, loops, name, loop):
     """With the same global seed, equal distributions draw equal tokens: the logits agree to 1e-5, so the tokens
     must be identical."""
     pytorch_model, ort_model = load(OrtModelForCausalLM, f"decoder-{name}")
@@ -144,7 +172,7 @@ def test_seeded_sampling_matches_pytorch(load, transformers_loop_runs, name, loo
         pytorch_model, ort_model, loop, input_ids=input_ids, attention_mask=attention_mask, **sampling
     )
     assert torch.equal(actual, expected)
-    assert transformers_loop_runs == expected_loop_runs(loop, ort_model)
+    assert loops == [loop]
     # The premise: PyTorch and ORT see the same next-token logits along the way.
     with_logits = dict(sampling, return_dict_in_generate=True, output_logits=True)
     expected, actual = generate_both(
@@ -200,7 +228,7 @@ def test_stopping_criteria_are_honoured(load, loop):
 
 
 @pytest.mark.parametrize("loop", LOOPS)
-def test_minimum_lengths_are_honoured(load, transformers_loop_runs, loop):
+def test_minimum_lengths_are_honoured(load, loops, loop):
     """min_new_tokens / min_length hold back an end-of-sequence token that would otherwise come early (the lean loop
     applies them in place of transformers' processors)."""
     pytorch_model, ort_model = load(OrtModelForCausalLM, "decoder-rope-gqa")
@@ -212,7 +240,7 @@ def test_minimum_lengths_are_honoured(load, transformers_loop_runs, loop):
         expected, actual = generate_both(pytorch_model, ort_model, loop, **prompt, eos_token_id=eos, **minimum)
         assert torch.equal(actual, expected)
         assert (expected[:, input_ids.shape[1] : -1] != eos).all()  # held back until the last step
-    assert transformers_loop_runs == expected_loop_runs(loop, ort_model) * 3
+    assert loops == [loop] * 3
 
 
 @pytest.mark.parametrize("name", DECODERS)
@@ -335,14 +363,14 @@ def test_text_generation_pipeline_runs_the_onnx_model(load, tokenizer):
 
 @pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("name", SEQ2SEQ)
-def test_seq2seq_greedy_generation_of_a_padded_source_batch_matches_pytorch(load, transformers_loop_runs, name, loop):
+def test_seq2seq_greedy_generation_of_a_padded_source_batch_matches_pytorch(load, loops, name, loop):
     pytorch_model, ort_model = load(OrtModelForSeq2SeqLM, f"seq2seq-{name}")
     input_ids, attention_mask = right_padded_sources()
     expected, actual = generate_both(
         pytorch_model, ort_model, loop, input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=NEW_TOKENS
     )
     assert torch.equal(actual, expected)
-    assert transformers_loop_runs == expected_loop_runs(loop, ort_model)
+    assert loops == [loop]
 
 
 @pytest.mark.parametrize("name", SEQ2SEQ)
@@ -415,6 +443,219 @@ def test_encoder_graph_emits_the_cross_attention_cache_that_the_decoder_reads(lo
         past_key_values=actual.past_key_values,
     )
     assert (actual.logits - expected.logits).abs().max() < TOLERANCE
+
+
+@pytest.mark.parametrize("name", SEQ2SEQ)
+def test_seq2seq_decoder_repeats_the_cross_keys_values_for_each_beam(load, name):
+    """generate repeats each source row of `encoder_outputs` for beams and returned sequences, but only its tensors:
+    the decoder repeats the cross-attention keys/values tuple itself, row by row, and refuses a batch it does not
+    divide into."""
+    pytorch_model, ort_model = load(OrtModelForSeq2SeqLM, f"seq2seq-{name}")
+    input_ids, attention_mask = right_padded_sources()
+    encoder_outputs = ort_model.get_encoder()(input_ids, attention_mask=attention_mask)
+    decoder_input_ids = random_ids(6, 3, seed=2)
+    repeated_mask = attention_mask.repeat_interleave(2, dim=0)
+    expected = pytorch_model(
+        input_ids.repeat_interleave(2, dim=0), attention_mask=repeated_mask, decoder_input_ids=decoder_input_ids
+    )
+    actual = ort_model(
+        attention_mask=repeated_mask, decoder_input_ids=decoder_input_ids, encoder_outputs=encoder_outputs
+    )
+    assert (actual.logits - expected.logits).abs().max() < TOLERANCE
+    with pytest.raises(ValueError, match="not a multiple of the encoder output's"):
+        ort_model(decoder_input_ids=random_ids(4, 3), encoder_outputs=encoder_outputs)
+    for strategy in (dict(num_beams=3, num_return_sequences=3), dict(do_sample=True, num_return_sequences=3)):
+        expected, actual = generate_both(
+            pytorch_model,
+            ort_model,
+            "lean",
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=NEW_TOKENS,
+            **strategy,
+        )
+        assert torch.equal(actual, expected), strategy
+
+
+# ------------------------------------------------------------- the lean loop, through transformers' public API
+
+LEAN_CASES = [
+    pytest.param(OrtModelForCausalLM, "decoder-rope-gqa", left_padded_prompts, id="decoder"),
+    pytest.param(OrtModelForSeq2SeqLM, "seq2seq-relative_bias-gqa", right_padded_sources, id="seq2seq"),
+]
+STRATEGIES = {
+    "greedy": dict(do_sample=False),
+    "sampling": dict(do_sample=True, temperature=0.8, top_k=20, top_p=0.9, num_return_sequences=2),
+}
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("ort_class, name, prompts", LEAN_CASES)
+def test_greedy_search_and_sampling_run_in_the_lean_loop_through_custom_generate(
+    load, loops, ort_class, name, prompts, strategy
+):
+    """generate prepares the inputs and calls `lean_sample` through its public `custom_generate` hook, which
+    decodes without a single call of forward; the tokens are PyTorch's, under the same seed."""
+    pytorch_model, ort_model = load(ort_class, name)
+    input_ids, attention_mask = prompts()
+    expected, actual = generate_both(
+        pytorch_model,
+        ort_model,
+        "lean",
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=NEW_TOKENS,
+        **STRATEGIES[strategy],
+    )
+    assert torch.equal(actual, expected)
+    assert loops == ["lean"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(return_dict_in_generate=True),
+        dict(streamer="streamer"),
+        dict(use_cache=False),
+        dict(prefill_chunk_size=4),
+        dict(num_beams=2),
+        dict(penalty_alpha=0.6, top_k=4),
+        dict(custom_generate="own"),
+    ],
+    ids=lambda options: next(iter(options)),
+)
+def test_calls_the_lean_loop_does_not_cover_keep_transformers_loop(options):
+    """Decided before generate runs, from the effective GenerationConfig and the call's arguments (public API)."""
+    config = GenerationConfig(max_new_tokens=4)
+    assert lean_steps.lean_loop_fits(config, None, {"input_ids": random_ids(1, 3)})
+    assert not lean_steps.lean_loop_fits(config, None, {"input_ids": random_ids(1, 3), **options})
+    # A generation_config given to the call counts, completed from the model's own as transformers completes it.
+    assert not lean_steps.lean_loop_fits(GenerationConfig(num_beams=2), GenerationConfig(max_new_tokens=4), {})
+    assert lean_steps.lean_loop_fits(GenerationConfig(num_beams=2), GenerationConfig(num_beams=1), {})
+
+
+def test_a_cache_passed_to_generate_keeps_transformers_loop(load, loops):
+    """The caller may read or continue a cache they pass: transformers' loop fills it."""
+    _, ort_model = load(OrtModelForCausalLM, "decoder-rope-gqa")
+    ort_model.fast_generation = True
+    input_ids, attention_mask = left_padded_prompts()
+    cache = DynamicCache()
+    ort_model.generate(input_ids, attention_mask=attention_mask, **cache_keyword(cache), **GREEDY_FIXED)
+    assert loops == ["transformers"]
+    assert cache.get_seq_length() == input_ids.shape[1] + NEW_TOKENS - 1
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("ort_class, name, prompts", LEAN_CASES)
+def test_inputs_the_lean_step_declines_are_decoded_through_forward_inside_the_lean_loop(
+    load, loops, monkeypatch, ort_class, name, prompts, strategy
+):
+    """When the lean step cannot take the inputs (`fast_loop_inputs` returns None; forced here), `lean_sample`
+    decodes through forward and its cache, as transformers' loop would: PyTorch's tokens."""
+    pytorch_model, ort_model = load(ort_class, name)
+    monkeypatch.setattr(ort_model, "fast_loop_inputs", lambda *args: None)
+    input_ids, attention_mask = prompts()
+    expected, actual = generate_both(
+        pytorch_model,
+        ort_model,
+        "lean",
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=NEW_TOKENS,
+        **STRATEGIES[strategy],
+    )
+    assert torch.equal(actual, expected)
+    assert loops == ["lean via forward"]
+
+
+# head_dim 16: ONNX Runtime's GroupQueryAttention kernel needs a multiple of 16.
+GQA_DECODER = dict(
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    position_embedding_type="rope",
+    norm_type="rmsnorm",
+    gated_ffn=True,
+    hidden_act="silu",
+)
+
+
+@pytest.fixture(scope="module")
+def gqa_models(tmp_path_factory):
+    """A decoder and its export in the GroupQueryAttention form, whose lean loop has a graph of its own."""
+    model = build_model(VaswaniForCausalLM, tiny_decoder_config(**GQA_DECODER))
+    folder = tmp_path_factory.mktemp("gqa")
+    export_onnx(model, folder, task="text-generation", attention="gqa", validate=False)
+    options = default_session_options(num_threads=1)
+    return model, OrtModelForCausalLM.from_pretrained(folder, session_options=options)
+
+
+def test_a_prompt_the_gqa_loop_cannot_start_from_is_decoded_through_forward(gqa_models, loops):
+    """A right-padded prompt cannot start the GroupQueryAttention form's own loop (`gqa_sample`): `lean_sample`
+    decodes it through forward, with the tokens of transformers' loop; forward refuses the positions it cannot
+    rotate by, in both loops. Row 1's single token is followed by padding, so its positions still are the mask's."""
+    model, ort_model = gqa_models
+    assert ort_model.manifest["attention_form"] == "gqa"
+    mask = padding_mask([7, 1], 7, "right")
+    prompt = dict(input_ids=random_ids(2, 7) * mask, attention_mask=mask, max_new_tokens=6, pad_token_id=PAD)
+    for strategy in STRATEGIES.values():
+        lean, expected = (generate_both(model, ort_model, loop, **prompt, **strategy)[1] for loop in LOOPS)
+        assert torch.equal(lean, expected), strategy
+    assert loops == ["lean via forward", "transformers"] * 2
+    # Row 0 never reads padding, so its tokens are PyTorch's too (row 1 reads its first new token's logits at a
+    # padding column, which PyTorch computes and the GroupQueryAttention form leaves at zero).
+    expected, actual = generate_both(model, ort_model, "lean", **prompt, do_sample=False)
+    assert torch.equal(actual[0], expected[0])
+    mask = padding_mask([7, 4], 7, "right")
+    for loop in LOOPS:
+        ort_model.fast_generation = loop == "lean"
+        with pytest.raises(ValueError, match="takes positions from attention_mask"):
+            ort_model.generate(random_ids(2, 7) * mask, attention_mask=mask, max_new_tokens=6, pad_token_id=PAD)
+
+
+def test_a_padded_decoder_attention_mask_gets_forwards_reason_in_both_loops(load):
+    """The decoder graph has no decoder_attention_mask input: the lean step declines a padded one, and forward says
+    why, as it does in transformers' loop."""
+    _, ort_model = load(OrtModelForSeq2SeqLM, "seq2seq-relative_bias-gqa")
+    input_ids, attention_mask = right_padded_sources()
+    decoder_input_ids = torch.full((3, 2), 2)
+    decoder_attention_mask = torch.tensor([[1, 1], [0, 1], [1, 1]])
+    for loop in LOOPS:
+        ort_model.fast_generation = loop == "lean"
+        with pytest.raises(ValueError, match="has no decoder_attention_mask input"):
+            ort_model.generate(
+                input_ids,
+                attention_mask=attention_mask,
+                decoder_input_ids=decoder_input_ids,
+                decoder_attention_mask=decoder_attention_mask,
+                max_new_tokens=3,
+            )
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_without_a_pad_token_finished_rows_are_padded_with_the_end_of_sequence_token(load, loops, loop):
+    """pad_token_id unset: finished rows get the first end-of-sequence id, as in transformers."""
+    pytorch_model, ort_model = load(OrtModelForCausalLM, "decoder-rope-gqa")
+    input_ids, attention_mask = left_padded_prompts()
+    prompt = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=NEW_TOKENS)
+    free_run, _ = generate_both(pytorch_model, ort_model, loop, **prompt, eos_token_id=None)
+    eos = int(free_run[0, input_ids.shape[1] + 1])  # row 0's second new token ends it
+    expected, actual = generate_both(pytorch_model, ort_model, loop, **prompt, eos_token_id=[eos, 2], pad_token_id=None)
+    assert torch.equal(actual, expected)
+    assert (expected[0, input_ids.shape[1] + 2 :] == eos).all()
+    assert loops == [loop] * 2
+
+
+def test_no_private_generation_method_is_overridden_or_read():
+    """transformers may move its private names: the ORT models use its public API only (`custom_generate`, the
+    public GenerationConfig fields), not `_sample`, `_expand_inputs_for_generation` or `_pad_token_tensor`."""
+    for ort_class in (OrtModelForGeneration, OrtModelForCausalLM, OrtModelForSeq2SeqLM):
+        assert not {"_sample", "_expand_inputs_for_generation", "_prepare_special_tokens"} & set(vars(ort_class))
+    for module in (generation, gqa_runtime, lean_steps):
+        source = inspect.getsource(module)
+        for private in ("_pad_token_tensor", "_sample", "_expand_inputs_for_generation", "_prepare_special_tokens"):
+            assert not re.search(rf"\b{private}\b", source), (module.__name__, private)
+        assert "GenerationMixin._" not in source
 
 
 # ----------------------------------------------------------------------------------- IO binding (on the CPU)

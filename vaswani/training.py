@@ -161,8 +161,16 @@ class VaswaniTrainer(Trainer):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.paper_schedule: torch.optim.lr_scheduler.LambdaLR | None = None
         if self.label_smoother is not None and self.compute_loss_func is None and _is_causal_lm(self.model):
             self.compute_loss_func = partial(self.label_smoother, shift_labels=True)
+
+    def train(self, *args, **kwargs):
+        """transformers' `Trainer.train`. A paper schedule made by an earlier call is made anew, as transformers does
+        with its own schedules: its length and warmup may differ this time."""
+        if self.lr_scheduler is not None and self.lr_scheduler is self.paper_schedule:
+            self.lr_scheduler = self.paper_schedule = None
+        return super().train(*args, **kwargs)
 
     def create_scheduler(
         self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None
@@ -171,8 +179,7 @@ class VaswaniTrainer(Trainer):
             return super().create_scheduler(num_training_steps, optimizer)
         d_model = self.args.paper_d_model or self.accelerator.unwrap_model(self.model).config.hidden_size
         warmup_steps = self.args.get_warmup_steps(num_training_steps)
-        self.lr_scheduler = get_paper_schedule(optimizer or self.optimizer, d_model, warmup_steps)
-        self._created_lr_scheduler = True
+        self.lr_scheduler = self.paper_schedule = get_paper_schedule(optimizer or self.optimizer, d_model, warmup_steps)
         return self.lr_scheduler
 
 

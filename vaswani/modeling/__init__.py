@@ -13,7 +13,7 @@ from .heads import (
     VaswaniEncoderForSequenceClassification,
     VaswaniForSequenceClassification,
 )
-from .pretrained import VaswaniPreTrainedModel
+from .pretrained import VaswaniPreTrainedModel, cache_keyword, cache_of
 from .seq2seq import VaswaniForConditionalGeneration, VaswaniSeq2SeqModel
 
 __all__ = [
@@ -33,4 +33,6 @@ __all__ = [
     "VaswaniPreTrainedModel",
     "VaswaniSeq2SeqConfig",
     "VaswaniSeq2SeqModel",
+    "cache_keyword",
+    "cache_of",
 ]

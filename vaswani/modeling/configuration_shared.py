@@ -83,7 +83,7 @@ class VaswaniConfig(PreTrainedConfig):
     Every invalid value or combination raises `ValueError` when the config is built.
     """
 
-    keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
+    keys_to_ignore_at_inference: ClassVar[list[str]] = ["cache", "past_key_values"]
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
     def __init_subclass__(cls, **kwargs):

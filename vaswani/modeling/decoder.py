@@ -24,9 +24,12 @@ from .configuration import VaswaniDecoderConfig
 from .pretrained import (
     VaswaniPreTrainedModel,
     VaswaniStack,
+    cache_keyword,
+    cache_of,
     check_inputs,
     check_positions,
     default_position_ids,
+    merge_cache_arguments,
     slice_logits_to_keep,
 )
 
@@ -48,11 +51,12 @@ class VaswaniDecoderModel(VaswaniStack):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         r"""
@@ -60,37 +64,32 @@ class VaswaniDecoderModel(VaswaniStack):
             input_ids: (batch, tokens) token ids; or pass `inputs_embeds` (batch, tokens, hidden_size) instead.
             attention_mask: (batch, cached + new tokens) with 1 for tokens to attend to and 0 for padding.
             position_ids: (batch, tokens) positions; by default they continue after the cached tokens.
-            past_key_values: a transformers `Cache` (`DynamicCache`, `StaticCache`; `EncoderDecoderCache` for the
-                decoder of an encoder-decoder) of earlier keys/values.
+            cache: a transformers `Cache` (`DynamicCache`, `StaticCache`; `EncoderDecoderCache` for the decoder of an
+                encoder-decoder) of earlier keys/values. `past_key_values`, its name before transformers 5.24, is
+                accepted too.
             encoder_hidden_states, encoder_attention_mask: the encoder output and its padding mask, for
                 cross-attention (encoder-decoder only).
             use_cache: return a cache for the next call (a new one if none was given).
         """
-        check_inputs(self.config, input_ids, inputs_embeds, attention_mask, past_key_values)
+        cache = merge_cache_arguments(cache, past_key_values)
+        check_inputs(self.config, input_ids, inputs_embeds, attention_mask, cache)
         if self.config.is_encoder_decoder and encoder_hidden_states is None:
             raise ValueError("The decoder of an encoder-decoder model needs encoder_hidden_states to cross-attend to.")
-        if use_cache and past_key_values is None:
-            past_key_values = (
+        if use_cache and cache is None:
+            cache = (
                 EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
                 if self.config.is_encoder_decoder
                 else DynamicCache(config=self.config)
             )
-        self_attention_cache = (
-            past_key_values.self_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else past_key_values
-        )
+        self_attention_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         reference = input_ids if input_ids is not None else inputs_embeds
         if position_ids is None:
             position_ids = default_position_ids(reference.shape[1], self_attention_cache, reference.device)
         check_positions(self.config, position_ids, *reference.shape[:2])
 
         hidden_states = self.embed(input_ids, inputs_embeds, position_ids)
-        causal_mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=hidden_states,
-            attention_mask=attention_mask,
-            past_key_values=self_attention_cache,
-            position_ids=position_ids,
-        )
+        # Positional: the cache argument is `past_key_values` before transformers 5.24 and `cache` from it on.
+        causal_mask = create_causal_mask(self.config, hidden_states, attention_mask, self_attention_cache, position_ids)
         if encoder_hidden_states is not None:
             kwargs["encoder_hidden_states"] = encoder_hidden_states
             kwargs["encoder_attention_mask"] = create_bidirectional_mask(
@@ -99,8 +98,8 @@ class VaswaniDecoderModel(VaswaniStack):
                 attention_mask=encoder_attention_mask,
                 encoder_hidden_states=encoder_hidden_states,
             )
-        hidden_states = self.run_blocks(hidden_states, causal_mask, position_ids, past_key_values, **kwargs)
-        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, past_key_values=past_key_values)
+        hidden_states = self.run_blocks(hidden_states, causal_mask, position_ids, cache, **kwargs)
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, **cache_keyword(cache))
 
 
 class VaswaniForCausalLM(VaswaniPreTrainedModel, GenerationMixin):
@@ -131,11 +130,12 @@ class VaswaniForCausalLM(VaswaniPreTrainedModel, GenerationMixin):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         r"""
@@ -148,7 +148,7 @@ class VaswaniForCausalLM(VaswaniPreTrainedModel, GenerationMixin):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=merge_cache_arguments(cache, past_key_values),
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             **kwargs,
@@ -161,9 +161,9 @@ class VaswaniForCausalLM(VaswaniPreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
+            **cache_keyword(cache_of(outputs)),
         )
 
 

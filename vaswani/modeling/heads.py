@@ -18,7 +18,14 @@ from transformers.utils import can_return_tuple
 from .configuration import VaswaniConfig, VaswaniDecoderConfig, VaswaniEncoderConfig
 from .decoder import VaswaniDecoderModel
 from .encoder import VaswaniEncoderModel
-from .pretrained import VaswaniPreTrainedModel, check_classification_labels, pool_hidden_states
+from .pretrained import (
+    VaswaniPreTrainedModel,
+    cache_keyword,
+    cache_of,
+    check_classification_labels,
+    merge_cache_arguments,
+    pool_hidden_states,
+)
 
 
 class VaswaniForSequenceClassification(VaswaniPreTrainedModel):
@@ -59,10 +66,11 @@ class VaswaniForSequenceClassification(VaswaniPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> SequenceClassifierOutputWithPast:
         r"""
@@ -81,7 +89,7 @@ class VaswaniForSequenceClassification(VaswaniPreTrainedModel):
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
-                past_key_values=past_key_values,
+                cache=merge_cache_arguments(cache, past_key_values),
                 inputs_embeds=inputs_embeds,
                 use_cache=use_cache,
                 **kwargs,
@@ -99,9 +107,9 @@ class VaswaniForSequenceClassification(VaswaniPreTrainedModel):
         return SequenceClassifierOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=getattr(outputs, "past_key_values", None),
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
+            **cache_keyword(cache_of(outputs)),
         )
 
 

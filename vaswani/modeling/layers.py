@@ -7,16 +7,22 @@ Like the `configuration*.py` modules, this module imports only `torch` and `tran
 as Hub custom code.
 """
 
+import functools
+import inspect
 import math
 from collections.abc import Callable
 
 import torch
+import transformers
+from packaging import version
 from torch import nn
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.generation.continuous_batching.cache import PagedAttentionCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .configuration import VaswaniConfig
 
@@ -90,15 +96,15 @@ class PositionEncoding(nn.Module):
     def rotary(self, hidden_states: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         return None
 
-    def score_bias(self, position_ids: torch.Tensor, past_key_values: Cache | None) -> torch.Tensor | None:
+    def score_bias(self, position_ids: torch.Tensor, cache: Cache | None) -> torch.Tensor | None:
         return None
 
 
 class DistanceBias(PositionEncoding):
     """Variants whose score bias depends on query and key positions only through their distance."""
 
-    def score_bias(self, position_ids: torch.Tensor, past_key_values: Cache | None) -> torch.Tensor:
-        return self.bias(*bias_positions(position_ids, past_key_values))
+    def score_bias(self, position_ids: torch.Tensor, cache: Cache | None) -> torch.Tensor:
+        return self.bias(*bias_positions(position_ids, cache))
 
     def bias(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         """The (batch or 1, heads, queries, keys) bias for (batch or 1, queries) and (batch or 1, keys) positions."""
@@ -270,7 +276,7 @@ def build_positions(config: VaswaniConfig, bidirectional: bool) -> PositionEncod
     return PositionEncoding()
 
 
-def bias_positions(position_ids: torch.Tensor, past_key_values: Cache | None) -> tuple[torch.Tensor, torch.Tensor]:
+def bias_positions(position_ids: torch.Tensor, cache: Cache | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions of the queries and keys of one self-attention call, for distance-based biases: (batch or 1, n) each.
 
     Without cached keys, the queries are the keys and both take the position ids: distances then follow the ids, not
@@ -280,13 +286,13 @@ def bias_positions(position_ids: torch.Tensor, past_key_values: Cache | None) ->
     queries and keys alike, so distances stay right); a static cache reports its full length as keys and the mask
     hides the slots not yet written.
     """
-    if isinstance(past_key_values, EncoderDecoderCache):
-        past_key_values = past_key_values.self_attention_cache
-    if past_key_values is None or _holds_no_tokens(past_key_values):
+    if isinstance(cache, EncoderDecoderCache):
+        cache = cache.self_attention_cache
+    if cache is None or _holds_no_tokens(cache):
         return position_ids, position_ids
     query_length, device = position_ids.shape[-1], position_ids.device
-    query_offset = past_key_values.get_query_offset(0)
-    key_length, key_offset = past_key_values.get_mask_sizes(query_length, 0)
+    query_offset = cache.get_query_offset(0)
+    key_length, key_offset = cache.get_mask_sizes(query_length, 0)
     query_positions = torch.arange(query_length, device=device) + query_offset
     key_positions = torch.arange(key_length, device=device) + key_offset
     return query_positions[None], key_positions[None]
@@ -339,14 +345,40 @@ def eager_attention_forward(
     return output, probs
 
 
-# Backends that can add an arbitrary score bias (ALiBi, relative bias) before the softmax.
-BIAS_CAPABLE_BACKENDS = ("eager", "sdpa", "flex_attention")
-# Backends known to drop it: flash kernels take no bias, and vLLM's Transformers modeling backend ("vllm",
-# "vllm_mla") runs its own paged attention kernels, which compute softmax(q k^T) v and nothing else. Other
-# functions registered with `AttentionInterface` receive the bias as the `position_bias` keyword.
-BIASLESS_BACKEND_MARKERS = ("flash", "vllm")
-# What works everywhere, vLLM included: positions that act on embeddings or on queries and keys.
+# What works on every backend, vLLM's and the flash kernels included: positions that act on embeddings or on queries
+# and keys. ALiBi and T5's relative bias are added to the attention scores, which only some backends can do.
 BIAS_FREE_POSITION_TYPES = ("rope", "learned", "sinusoidal", "none")
+# Before transformers 5.24 the attention functions of continuous batching write the paged cache themselves (they
+# take it as the `cache` keyword); from 5.24 on the model's attention writes it, as it does every other cache.
+PAGED_CACHE_WRITTEN_BY_BACKEND = version.parse(transformers.__version__).release < (5, 24)
+
+
+def attention_function(backend: str) -> Callable | None:
+    """The function transformers' attention interface runs for `backend`, or None if none is registered under it."""
+    if backend == "eager":
+        return eager_attention_forward
+    if backend in ALL_ATTENTION_FUNCTIONS:
+        return ALL_ATTENTION_FUNCTIONS[backend]
+    # Recent releases run the plain function under continuous batching ("paged|sdpa" is "sdpa").
+    backend = backend.removeprefix("paged|")
+    return ALL_ATTENTION_FUNCTIONS[backend] if backend in ALL_ATTENTION_FUNCTIONS else None
+
+
+@functools.cache
+def _takes_position_bias(function: Callable) -> bool:
+    return "position_bias" in inspect.signature(function).parameters
+
+
+def carries_position_bias(backend: str) -> bool:
+    """Whether the attention function registered as `backend` adds a `position_bias` to its scores.
+
+    Known from its signature, not its name: transformers' sdpa integration takes `position_bias` only from 5.15; the
+    flash kernels, `paged|eager` and vLLM's backend never do; and a function registered with
+    `AttentionInterface.register` must declare the parameter to receive it (one that takes only `**kwargs` would
+    silently drop it).
+    """
+    function = attention_function(backend)
+    return function is not None and _takes_position_bias(function)
 
 
 def check_backend_supports_positions(config: VaswaniConfig) -> None:
@@ -354,13 +386,15 @@ def check_backend_supports_positions(config: VaswaniConfig) -> None:
     stack is built (vLLM builds the model with its own backend, so this fails at load, before any token) and again
     at every forward (the backend can be switched after loading)."""
     backend = config._attn_implementation
-    if config.position_embedding_type not in ("alibi", "relative_bias") or backend is None:
+    if config.position_embedding_type in BIAS_FREE_POSITION_TYPES or backend is None or is_torchdynamo_compiling():
         return
-    if any(marker in backend for marker in BIASLESS_BACKEND_MARKERS):
+    if not carries_position_bias(backend):
+        capable = " or ".join(repr(name) for name in ("eager", "sdpa", "flex_attention") if carries_position_bias(name))
         raise ValueError(
             f"position_embedding_type={config.position_embedding_type!r} adds a bias to the attention scores, which "
-            f"attn_implementation={backend!r} cannot do, so it would produce wrong outputs. Load the model with "
-            f"attn_implementation='sdpa' (or 'eager', 'flex_attention'). Flash attention and vLLM serve only "
+            f"attn_implementation={backend!r} does not take (its attention function has no `position_bias` "
+            f"parameter), so it would produce wrong outputs. Use attn_implementation={capable}, which do with the "
+            f"installed transformers. Every backend, flash attention and vLLM included, serves "
             f"position_embedding_type in {BIAS_FREE_POSITION_TYPES}."
         )
 
@@ -403,30 +437,39 @@ class VaswaniAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         position_bias: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         key_value_states: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
         query = self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim).transpose(1, 2)
 
-        cache = past_key_values
-        if isinstance(past_key_values, EncoderDecoderCache):
-            cache = past_key_values.cross_attention_cache if self.is_cross_attention else past_key_values.self_attention_cache
-        if self.is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
+        layer_cache = cache
+        if isinstance(cache, EncoderDecoderCache):
+            layer_cache = cache.cross_attention_cache if self.is_cross_attention else cache.self_attention_cache
+        if self.is_cross_attention and layer_cache is not None and cache.is_updated.get(self.layer_idx):
             # The encoder output does not change while decoding: its keys/values are projected once per sequence.
-            key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+            key, value = layer_cache.layers[self.layer_idx].keys, layer_cache.layers[self.layer_idx].values
         else:
             key, value = self.project_key_value(key_value_states if self.is_cross_attention else hidden_states)
             if position_embeddings is not None:
                 query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
-            if cache is not None:
-                key, value = cache.update(key, value, self.layer_idx)
+            if isinstance(layer_cache, PagedAttentionCache):
+                # Continuous batching (`generate_batch`). Before transformers 5.24 the attention function writes the
+                # paged cache itself; from 5.24 on the model does, and the cache fills in the kernel's arguments.
+                if PAGED_CACHE_WRITTEN_BY_BACKEND:
+                    kwargs["cache"] = layer_cache
+                else:
+                    key, value = layer_cache.update(key, value, self.layer_idx, kwargs=kwargs)
+            elif layer_cache is not None:
+                key, value = layer_cache.update(key, value, self.layer_idx)
                 if self.is_cross_attention:
-                    past_key_values.is_updated[self.layer_idx] = True
+                    cache.is_updated[self.layer_idx] = True
 
         if position_bias is not None:
             kwargs["position_bias"] = _match_bias_to_backend(position_bias, query.shape[0], self.config)
+        # Continuous batching passes its own `is_causal` (False: its mask already says what may be attended).
+        kwargs.setdefault("is_causal", self.is_causal)
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
@@ -438,7 +481,6 @@ class VaswaniAttention(nn.Module):
             attention_mask,
             dropout=self.attention_dropout if self.training else 0.0,
             scaling=self.scaling,
-            is_causal=self.is_causal,
             **kwargs,
         )
         output = self.o_proj(output.reshape(*input_shape, -1).contiguous())
@@ -492,7 +534,7 @@ class VaswaniBlock(GradientCheckpointingLayer):
         position_bias: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> torch.Tensor:
         hidden_states = self._residual(
@@ -503,7 +545,7 @@ class VaswaniBlock(GradientCheckpointingLayer):
                 attention_mask=attention_mask,
                 position_embeddings=position_embeddings,
                 position_bias=position_bias,
-                past_key_values=past_key_values,
+                cache=cache,
                 **kwargs,
             )[0],
         )
@@ -514,7 +556,7 @@ class VaswaniBlock(GradientCheckpointingLayer):
                 lambda x: self.cross_attn(
                     x,
                     attention_mask=encoder_attention_mask,
-                    past_key_values=past_key_values,
+                    cache=cache,
                     key_value_states=encoder_hidden_states,
                     **kwargs,
                 )[0],

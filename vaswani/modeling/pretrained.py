@@ -2,15 +2,18 @@
 `VaswaniStack`, the embeddings + blocks + final norm that the encoder and decoder stacks both are."""
 
 import math
+from dataclasses import fields
 from pathlib import Path
 
 import torch
-import transformers
 from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache
+from transformers.generation.continuous_batching.cache import PagedAttentionCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import ModelOutput
 from transformers.utils.import_utils import is_torchdynamo_compiling
 from transformers.utils.output_capturing import OutputRecorder
 
@@ -18,7 +21,7 @@ from .configuration import VaswaniConfig
 
 try:
     from transformers.modeling_utils import slice_logits_to_keep
-except ImportError:  # transformers < 5.20, which vLLM pins: the same slicing for counts and index tensors
+except ImportError:  # transformers < 5.21 (vLLM pins older releases): the same slicing for counts and index tensors
 
     def slice_logits_to_keep(hidden_states: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
         """The last `logits_to_keep` positions (0 keeps all), or the positions a 1D index tensor names."""
@@ -26,6 +29,7 @@ except ImportError:  # transformers < 5.20, which vLLM pins: the same slicing fo
         return hidden_states[:, indices, :]
 
 from .layers import (
+    BIAS_FREE_POSITION_TYPES,
     AlibiPositionBias,
     SinusoidalPositionEmbedding,
     VaswaniAttention,
@@ -36,14 +40,35 @@ from .layers import (
     check_backend_supports_positions,
 )
 
-# transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache`, and its `generate` passes
-# `cache=`: these models would then decode every step without their cache and silently produce wrong tokens. This
-# module also travels with saved models as remote code, so the check guards Hub loads as well as installs.
-if tuple(int(part) for part in transformers.__version__.split(".")[:2]) >= (5, 24):
-    raise ImportError(
-        f"vaswani models need transformers < 5.24 (found {transformers.__version__}, which renamed `past_key_values` "
-        f"to `cache`); install a supported release with: pip install 'transformers>=5,<5.24'"
-    )
+# transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache` (`generate` passes
+# `cache=`, the output classes have a `cache` field). The models take both names and return the field the installed
+# transformers has, so they generate with their cache on both sides of the rename. This module travels with saved
+# models as remote code, so a folder saved under one release loads under another.
+CACHE_FIELD = "cache" if "cache" in {field.name for field in fields(CausalLMOutputWithPast)} else "past_key_values"
+
+
+def merge_cache_arguments(cache: Cache | None, past_key_values: Cache | None) -> Cache | None:
+    """The cache passed under either name: `cache` (transformers >= 5.24) or `past_key_values` (earlier releases,
+    and callers written for them)."""
+    if cache is not None and past_key_values is not None:
+        raise ValueError("Pass the cache once: as `cache` or as `past_key_values` (its name before transformers 5.24).")
+    return cache if cache is not None else past_key_values
+
+
+def cache_keyword(cache: Cache | None) -> dict[str, Cache | None]:
+    """`cache` as the keyword the installed transformers names it: an output class's field, or a transformers
+    model's and `generate`'s argument.
+
+    Example:
+        >>> CausalLMOutputWithPast(logits=logits, **cache_keyword(cache))
+        >>> t5.generate(input_ids, **cache_keyword(EncoderDecoderCache(DynamicCache(), DynamicCache())))
+    """
+    return {CACHE_FIELD: cache}
+
+
+def cache_of(outputs: ModelOutput) -> Cache | None:
+    """The cache held by a transformers output, whichever name the installed release gives it."""
+    return getattr(outputs, CACHE_FIELD, None)
 
 
 class VaswaniPreTrainedModel(PreTrainedModel):
@@ -53,7 +78,7 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["VaswaniBlock"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["cache", "past_key_values"]
     _supports_flash_attn = True
     _supports_sdpa = True
     _supports_flex_attn = True
@@ -94,6 +119,13 @@ class VaswaniPreTrainedModel(PreTrainedModel):
             self.config.auto_map = auto_map
         return super().save_pretrained(save_directory, *args, **kwargs)
 
+    def init_continuous_batching(self, *args, **kwargs):
+        """transformers' continuous batching (`generate_batch`, `transformers serve --continuous-batching`), refused
+        up front for position biases: it packs every request into one row, and ALiBi and relative-bias scores need
+        each request's own key positions, which its attention functions do not take."""
+        check_continuous_batching_positions(self.config)
+        return super().init_continuous_batching(*args, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
@@ -108,33 +140,44 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     ) -> nn.Embedding:
         """transformers' `resize_token_embeddings`, followed by every stack of the model.
 
-        The encoder and decoder of an encoder-decoder are built from copies of the config (`stack_config`), which
-        check token ids against their own `vocab_size`: they learn the new size too.
+        One vocabulary per model: a stack with a token embedding of its own (the decoder of an encoder-decoder that
+        does not share embeddings) is resized with the input embedding, and the encoder and decoder configs, copies
+        made by `stack_config` that check token ids against their own `vocab_size`, learn the new size too.
 
         Example:
             >>> model.resize_token_embeddings(len(tokenizer))  # after tokenizer.add_tokens([...])
         """
         embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        for stack in self.modules():
+            old = getattr(stack, "embed_tokens", None)
+            if isinstance(stack, VaswaniStack) and old.num_embeddings != embeddings.num_embeddings:
+                std = self.config.initializer_range
+                stack.set_input_embeddings(resized_embedding(old, embeddings.num_embeddings, mean_resizing, std))
         for module in self.modules():
             if isinstance(module, VaswaniPreTrainedModel):
                 module.config.vocab_size = self.config.vocab_size
                 if hasattr(module, "vocab_size"):
                     module.vocab_size = self.config.vocab_size
+        self.tie_weights()  # an output embedding tied to a stack resized here follows it
         return embeddings
 
-    def _resize_token_embeddings(
-        self, new_num_tokens: int | None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
-    ) -> nn.Embedding:
-        embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        # One vocabulary per model: a stack with a token embedding of its own (the decoder of an encoder-decoder that
-        # does not share embeddings) is resized with the input embedding.
-        for stack in self.modules():
-            old = getattr(stack, "embed_tokens", None)
-            if isinstance(stack, VaswaniStack) and old.num_embeddings != embeddings.num_embeddings:
-                new = self._get_resized_embeddings(old, embeddings.num_embeddings, mean_resizing=mean_resizing)
-                new.requires_grad_(old.weight.requires_grad)
-                stack.set_input_embeddings(new)
-        return embeddings
+
+def resized_embedding(old: nn.Embedding, num_tokens: int, mean_resizing: bool, std: float) -> nn.Embedding:
+    """`old` with `num_tokens` rows: its own rows kept, added ones at the mean of the old rows (`mean_resizing`, which
+    keeps the next-token distribution close to what it was) or drawn from N(0, std)."""
+    padding_idx = old.padding_idx if old.padding_idx is not None and old.padding_idx < num_tokens else None
+    weight = old.weight
+    new = nn.Embedding(num_tokens, old.embedding_dim, padding_idx, device=weight.device, dtype=weight.dtype)
+    kept = min(num_tokens, old.num_embeddings)
+    with torch.no_grad():
+        new.weight[:kept] = weight[:kept]
+        added = new.weight[kept:]
+        if mean_resizing:
+            added.copy_(weight.float().mean(dim=0).to(weight.dtype).expand_as(added))
+        else:
+            added.normal_(mean=0.0, std=std)
+    new.requires_grad_(weight.requires_grad)
+    return new
 
 
 def _is_readable_safetensors(path: Path) -> bool:
@@ -246,14 +289,18 @@ class VaswaniStack(VaswaniPreTrainedModel):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor,
-        past_key_values: Cache | None,
+        cache: Cache | None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
         """Apply every block, with positions computed once for all of them, then the final norm."""
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            # The backward pass replays each block, which would write its keys and values into the cache a second
+            # time (transformers' checkpointing layer drops the cache only under the argument name of its release).
+            cache = None
         rotary = self.positions.rotary(hidden_states, position_ids)
-        bias = self.positions.score_bias(position_ids, past_key_values)
+        bias = self.positions.score_bias(position_ids, cache)
         for layer in self.layers:
             # Positional, not keyword: reentrant gradient checkpointing tracks only positional tensors, and the
             # learned bias and the encoder output carry gradients back to weights outside the block.
@@ -264,15 +311,15 @@ class VaswaniStack(VaswaniPreTrainedModel):
                 bias,
                 encoder_hidden_states,
                 encoder_attention_mask,
-                past_key_values=past_key_values,
+                cache=cache,
                 **kwargs,
             )
         return self.norm(hidden_states)
 
 
-def default_position_ids(hidden_length: int, past_key_values: Cache | None, device: torch.device) -> torch.Tensor:
+def default_position_ids(hidden_length: int, cache: Cache | None, device: torch.device) -> torch.Tensor:
     """Positions continuing after the cached tokens; `generate` passes padding-aware ones instead."""
-    past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+    past_seen = cache.get_seq_length() if cache is not None else 0
     return (torch.arange(hidden_length, device=device) + past_seen).unsqueeze(0)
 
 
@@ -290,12 +337,15 @@ def check_inputs(
     input_ids: torch.Tensor | None,
     inputs_embeds: torch.Tensor | None,
     attention_mask: torch.Tensor | None,
-    past_key_values: Cache | None,
+    cache: Cache | None,
 ) -> None:
     """Turn bad input into an error that names it, instead of an IndexError deep in a kernel."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
     check_backend_supports_positions(config)
+    if isinstance(cache, PagedAttentionCache):
+        check_continuous_batching_positions(config)
+        return  # continuous batching packs its requests into one row; its mask is not a padding mask
     if not _can_read_values(input_ids if input_ids is not None else inputs_embeds):
         return
     if input_ids is not None and input_ids.numel():
@@ -310,7 +360,7 @@ def check_inputs(
         return
     batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
     if attention_mask.dim() == 2:
-        past = int(past_key_values.get_seq_length()) if past_key_values is not None else 0
+        past = int(cache.get_seq_length()) if cache is not None else 0
         if tuple(attention_mask.shape) != (batch, past + length):
             raise ValueError(
                 f"attention_mask has shape {tuple(attention_mask.shape)}, but the input needs {(batch, past + length)}"
@@ -320,6 +370,17 @@ def check_inputs(
         raise ValueError(
             f"attention_mask has shape {tuple(attention_mask.shape)}; pass a 2D (batch={batch}, tokens) padding "
             f"mask, or a 4D (batch, 1, queries={length}, keys) mask."
+        )
+
+
+def check_continuous_batching_positions(config: VaswaniConfig) -> None:
+    """Continuous batching serves every position type but the score biases (see `init_continuous_batching`)."""
+    if config.position_embedding_type not in BIAS_FREE_POSITION_TYPES:
+        raise ValueError(
+            f"transformers' continuous batching (generate_batch, paged attention) cannot apply "
+            f"position_embedding_type={config.position_embedding_type!r}: it packs the requests into one row, and the "
+            f"bias needs each request's key positions. Use generate() (batched, left-padded), or `vaswani serve`; "
+            f"continuous batching serves position_embedding_type in {BIAS_FREE_POSITION_TYPES}."
         )
 
 

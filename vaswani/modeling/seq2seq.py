@@ -23,7 +23,14 @@ from transformers.utils import ModelOutput, can_return_tuple
 from .configuration import VaswaniSeq2SeqConfig
 from .decoder import VaswaniDecoderModel
 from .encoder import VaswaniEncoderModel
-from .pretrained import VaswaniPreTrainedModel, check_labels, slice_logits_to_keep
+from .pretrained import (
+    VaswaniPreTrainedModel,
+    cache_keyword,
+    cache_of,
+    check_labels,
+    merge_cache_arguments,
+    slice_logits_to_keep,
+)
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -85,11 +92,12 @@ class VaswaniSeq2SeqModel(VaswaniPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         decoder_position_ids: torch.LongTensor | None = None,
         use_cache: bool | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> Seq2SeqModelOutput:
         r"""
@@ -98,7 +106,8 @@ class VaswaniSeq2SeqModel(VaswaniPreTrainedModel):
             decoder_input_ids, decoder_attention_mask: the target tokens read by the decoder (teacher forcing or
                 generation) and their padding mask.
             encoder_outputs: a precomputed encoder output (`BaseModelOutput` or tuple); the encoder is skipped.
-            past_key_values: an `EncoderDecoderCache` (decoder self-attention + cross-attention keys/values).
+            cache: an `EncoderDecoderCache` (decoder self-attention + cross-attention keys/values); `past_key_values`,
+                its name before transformers 5.24, is accepted too.
         """
         if decoder_input_ids is None and decoder_inputs_embeds is None:
             raise ValueError(
@@ -121,14 +130,14 @@ class VaswaniSeq2SeqModel(VaswaniPreTrainedModel):
             position_ids=decoder_position_ids,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=merge_cache_arguments(cache, past_key_values),
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             **kwargs,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **cache_keyword(cache_of(decoder_outputs)),
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -194,13 +203,14 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         decoder_position_ids: torch.LongTensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput:
         r"""
@@ -221,7 +231,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=merge_cache_arguments(cache, past_key_values),
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             decoder_position_ids=decoder_position_ids,
@@ -244,7 +254,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **cache_keyword(cache_of(outputs)),
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,

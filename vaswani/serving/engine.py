@@ -26,6 +26,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from ..conversion.onnx.generation import OrtModelForCausalLM, store_in_cache, torch_threads
+from ..modeling import cache_of
 
 Array = Any  # numpy arrays on the CPU, torch tensors on a GPU
 
@@ -128,11 +129,11 @@ class TorchStepModel:
                 input_ids=torch.from_numpy(input_ids).to(self.device),
                 attention_mask=torch.from_numpy(attention_mask).to(self.device),
                 position_ids=torch.from_numpy(positions).to(self.device),
-                past_key_values=cache,
+                cache=cache,
                 use_cache=True,
                 logits_to_keep=1,
             )
-        present = [tensor for layer in output.past_key_values.layers for tensor in (layer.keys, layer.values)]
+        present = [tensor for layer in cache_of(output).layers for tensor in (layer.keys, layer.values)]
         if self.device.type == "cpu":
             present = [tensor.numpy() for tensor in present]
         return output.logits[:, -1].float().cpu().numpy(), present

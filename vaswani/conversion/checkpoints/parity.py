@@ -7,6 +7,8 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
+from ...modeling import cache_keyword
+
 PARITY_TOLERANCE = 1e-4  # fp32
 
 
@@ -53,7 +55,7 @@ def _greedy_tokens(
     settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, num_beams=1)
     if model.config.is_encoder_decoder:
         # transformers' T5 sizes a default cache by its encoder depth; a cache without a config grows as needed.
-        settings["past_key_values"] = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        settings.update(cache_keyword(EncoderDecoderCache(DynamicCache(), DynamicCache())))
     output = model.generate(input_ids, attention_mask=attention_mask, pad_token_id=pad_token_id, **settings)
     return output.tolist()
 

@@ -12,7 +12,7 @@ import numpy as np
 import onnx_ir
 import torch
 from torch import nn
-from transformers import PreTrainedConfig
+from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -39,10 +39,10 @@ def exporting_formulations(model: nn.Module, llm_ops: bool) -> Iterator[None]:
       nodes.
     RMSNorm and VaswaniAttention are patched on the class, so no other thread may run vaswani models meanwhile.
     """
-    configs = module_configs(model)
-    saved = {key: config._attn_implementation_internal for key, config in configs.items()}
-    for config in configs.values():
-        config._attn_implementation_internal = EXPORT_ATTENTION
+    models = outermost_models(model)
+    saved = [(pretrained, pretrained.config._attn_implementation) for pretrained in models]
+    for pretrained in models:
+        pretrained.set_attn_implementation(EXPORT_ATTENTION)  # reaches the stacks' own configs too
     try:
         with ExitStack() as patches:
             patches.enter_context(_replaced(RMSNorm, "forward", fusable_rms_norm))
@@ -50,8 +50,20 @@ def exporting_formulations(model: nn.Module, llm_ops: bool) -> Iterator[None]:
                 patches.enter_context(_replaced(VaswaniAttention, "forward", llm_attention))
             yield
     finally:
-        for key, config in configs.items():
-            config._attn_implementation_internal = saved[key]
+        for pretrained, backend in saved:
+            pretrained.set_attn_implementation(backend)
+
+
+def outermost_models(model: nn.Module) -> list[PreTrainedModel]:
+    """The transformers models in `model` (itself, or those an export wrapper holds) that no other one contains."""
+    inner = {
+        id(child)
+        for module in model.modules()
+        if isinstance(module, PreTrainedModel)
+        for child in module.modules()
+        if child is not module
+    }
+    return [module for module in model.modules() if isinstance(module, PreTrainedModel) and id(module) not in inner]
 
 
 def module_configs(model: nn.Module) -> dict[int, PreTrainedConfig]:
@@ -73,12 +85,15 @@ def _replaced(owner: type, name: str, value: Callable) -> Iterator[None]:
         setattr(owner, name, original)
 
 
-def float32_attention(module: nn.Module, query, key, value, attention_mask, **kwargs):
+def float32_attention(module: nn.Module, query, key, value, attention_mask, position_bias=None, **kwargs):
     """Eager attention computed in float32 (fp16 scores overflow), its output cast back to the model's dtype (a
     no-op in fp32 models). Traced through sdpa instead, some position types failed to export (relative_bias) or
     gave wrong prompt logits in ONNX Runtime (none); the plain math exports every one faithfully."""
     mask = attention_mask.float() if attention_mask is not None else None
-    output, probs = eager_attention_forward(module, query.float(), key.float(), value.float(), mask, **kwargs)
+    bias = position_bias.float() if position_bias is not None else None
+    output, probs = eager_attention_forward(
+        module, query.float(), key.float(), value.float(), mask, position_bias=bias, **kwargs
+    )
     return output.to(query.dtype), probs
 
 
@@ -105,7 +120,7 @@ def llm_attention(
     attention_mask: torch.Tensor | None = None,
     position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
     position_bias: torch.Tensor | None = None,
-    past_key_values: Cache | None = None,
+    cache: Cache | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """`VaswaniAttention.forward` as ONNX Attention nodes: self-attention after two RotaryEmbedding nodes, and
@@ -118,15 +133,13 @@ def llm_attention(
     initialized for the layer), and cross-attention that projects its own keys/values, take the original path.
     """
     if self.is_cross_attention:
-        return cross_attention_from_cache(self, hidden_states, attention_mask, past_key_values, **kwargs)
-    cache = past_key_values
-    if isinstance(cache, EncoderDecoderCache):
-        cache = cache.self_attention_cache
-    layer = cache.layers[self.layer_idx] if cache is not None else None
+        return cross_attention_from_cache(self, hidden_states, attention_mask, cache, **kwargs)
+    self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+    layer = self_cache.layers[self.layer_idx] if self_cache is not None else None
     extendable = layer is None or (isinstance(layer, DynamicLayer) and layer.is_initialized)
     if not extendable:
         return _vaswani_attention_forward(
-            self, hidden_states, attention_mask, position_embeddings, position_bias, past_key_values, **kwargs
+            self, hidden_states, attention_mask, position_embeddings, position_bias, cache, **kwargs
         )
     heads, key_value_heads = self.config.num_attention_heads, self.config.num_key_value_heads
     query, key, value = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
@@ -161,17 +174,17 @@ def cross_attention_from_cache(
     self: VaswaniAttention,
     hidden_states: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    past_key_values: Cache | None,
+    cache: Cache | None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Cross-attention over the cached (encoder-projected) keys/values as one ONNX Attention node instead of about
     ten (transposes, two MatMuls, scale, mask, softmax): the decoder graph of a small encoder-decoder runs a few
     hundred nodes per token, and each costs dispatch time. The op wants queries of the keys' rank, hence the head
     reshape around it. Without a filled cross cache (the keys are projected here), the original path."""
-    filled = isinstance(past_key_values, EncoderDecoderCache) and past_key_values.is_updated.get(self.layer_idx)
+    filled = isinstance(cache, EncoderDecoderCache) and cache.is_updated.get(self.layer_idx)
     if not filled:
-        return _vaswani_attention_forward(self, hidden_states, attention_mask, None, None, past_key_values, **kwargs)
-    layer = past_key_values.cross_attention_cache.layers[self.layer_idx]
+        return _vaswani_attention_forward(self, hidden_states, attention_mask, None, None, cache, **kwargs)
+    layer = cache.cross_attention_cache.layers[self.layer_idx]
     batch, length = hidden_states.shape[:2]
     query = self.q_proj(hidden_states).view(batch, length, -1, self.head_dim).transpose(1, 2)
     bias = attention_mask.float() if attention_mask is not None else None

@@ -2,9 +2,9 @@
 
 Generation is transformers' own `GenerationMixin.generate` (every strategy, logits processor and stopping criterion):
 `forward` returns the cache as a transformers `DynamicCache`/`EncoderDecoderCache` whose tensors share memory with
-ONNX Runtime's outputs. Greedy search and sampling, the common case, run in a lean loop instead (`_sample`) that
-feeds the cache tensors straight back to the graph and skips generate's per-step bookkeeping; it uses the same
-logits processors, stopping criteria and random draws, so its tokens are identical.
+ONNX Runtime's outputs. Greedy search and sampling, the common case, run in a lean loop (`lean_sample`, generate's
+`custom_generate`) that feeds the cache tensors straight back to the graph and skips generate's per-step bookkeeping;
+it uses the same logits processors, stopping criteria and random draws, so its tokens are identical.
 
 On CUDA, inputs and outputs are bound to device memory (IO binding): the cache is written into preallocated device
 buffers (`KVBuffers`) and never leaves the GPU. On CPU, tensors pass to `session.run` as numpy arrays sharing their
@@ -16,32 +16,22 @@ memory.
 """
 
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from transformers import GenerationConfig, GenerationMixin
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList, StoppingCriteriaList
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast, Seq2SeqLMOutput
 
-from .gqa_runtime import GqaDecoder, gqa_sample, is_gqa_form, positions_follow_mask
-from .lean_steps import apply_processors, greedy_tokens, lean_logits_processors
+from ...modeling import cache_keyword, cache_of
+from ...modeling.pretrained import merge_cache_arguments
+from .gqa_runtime import GqaDecoder, gqa_sample, is_gqa_form
+from .lean_steps import Step, lean_loop_fits, sample_tokens, torch_threads
 from .runtime import OrtModel, check_unsupported_arguments
 from .session import TENSOR_DTYPES, OrtGraph
-
-
-@contextmanager
-def torch_threads(count: int) -> Iterator[None]:
-    """torch's intra-op thread count set to `count` inside the block, restored after it."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 class KVBuffers:
@@ -87,7 +77,7 @@ def store_in_cache(cache: DynamicCache, tensors: list[torch.Tensor]) -> None:
 
 class OrtModelForGeneration(OrtModel, GenerationMixin):
     """What the two generating classes share: the cache inputs and outputs of the decoding graph, the interface
-    transformers' `GenerationMixin` needs from a model, and the lean greedy/sampling loop (`_sample`).
+    transformers' `GenerationMixin` needs from a model, and the lean greedy/sampling loop (`lean_sample`).
 
     Set `fast_generation = False` on an instance to make greedy search and sampling run through transformers'
     own loop too (slower, same tokens).
@@ -113,18 +103,25 @@ class OrtModelForGeneration(OrtModel, GenerationMixin):
         self.cache_dtype = TENSOR_DTYPES[graph.inputs[self.past_names[0]]["dtype"]][1]
         self.kv_buffers: weakref.WeakKeyDictionary[Cache, KVBuffers] = weakref.WeakKeyDictionary()
 
-    def generate(self, *args, **kwargs):
-        """transformers' `GenerationMixin.generate`; on the CPU, torch's own per-step work runs on one thread.
+    def generate(
+        self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, *args, **kwargs
+    ) -> Any:
+        """transformers' `GenerationMixin.generate`, with the same tokens and two speed-ups.
 
-        Why: each step's torch work (the last logits' copy, processors, argmax over the vocabulary) is on vectors,
-        and torch splits those across its OpenMP threads, which then compete for the cores with ONNX Runtime's
-        intra-op threads (still spinning from the step's run). On 2 cores that cost 20-40 ms per token, more than
-        the graph itself; single-threaded it is under 4 ms. ONNX Runtime keeps its own threads.
+        Greedy search and sampling that `lean_loop_fits` run in the lean loop: transformers prepares the inputs,
+        processors and stopping criteria, then calls `lean_sample` (its public `custom_generate` hook) to decode.
+        Arguments passed by position after `generation_config` keep transformers' loop.
+
+        On the CPU, torch's own per-step work runs on one thread. Why: each step's torch work (the last logits' copy,
+        processors, argmax over the vocabulary) is on vectors, and torch splits those across its OpenMP threads,
+        which then compete for the cores with ONNX Runtime's intra-op threads (still spinning from the step's run).
+        On 2 cores that cost 20-40 ms per token, more than the graph itself; single-threaded it is under 4 ms. ONNX
+        Runtime keeps its own threads.
         """
-        if self.device.type != "cpu":
-            return super().generate(*args, **kwargs)
-        with torch_threads(1):
-            return super().generate(*args, **kwargs)
+        if not args and self.fast_generation and lean_loop_fits(self.generation_config, generation_config, kwargs):
+            kwargs["custom_generate"] = type(self).lean_sample  # called as a method: (model, input_ids, ...)
+        with torch_threads(1) if self.device.type == "cpu" else nullcontext():
+            return super().generate(inputs, generation_config, *args, **kwargs)
 
     @classmethod
     def can_generate(cls) -> bool:
@@ -181,88 +178,64 @@ class OrtModelForGeneration(OrtModel, GenerationMixin):
 
     # -- the lean loop
 
-    def _sample(
+    def lean_sample(
         self,
         input_ids: torch.LongTensor,
-        logits_processor,
-        stopping_criteria,
+        logits_processor: LogitsProcessorList,
+        stopping_criteria: StoppingCriteriaList,
         generation_config: GenerationConfig,
-        synced_gpus: bool = False,
-        streamer=None,
         **model_kwargs,
     ) -> torch.LongTensor:
-        """Greedy search and sampling: GenerationMixin's `_sample` without its per-step model-kwargs bookkeeping
-        (Cache objects, input preparation, output dataclasses), which costs about as much as a decode step of a
-        small model on CPU. Same logits processors, stopping criteria and random draws, hence the same tokens.
-        Anything it does not cover (returned scores, streamers, a prefilled cache, ...) goes to transformers."""
-        cache = model_kwargs.get("past_key_values")
-        start = None
-        if (
-            self.fast_generation
-            and model_kwargs.get("use_cache", True)
-            and not (synced_gpus or streamer or generation_config.return_dict_in_generate)
-            and generation_config.prefill_chunk_size is None
-            and not generation_config.is_assistant
-            and (cache is None or cache.get_seq_length() == 0)
-            and model_kwargs.get("inputs_embeds") is None
-        ):
-            if getattr(self, "gqa", None) is not None:
-                done = gqa_sample(
-                    self.gqa,
-                    input_ids,
-                    model_kwargs.get("attention_mask"),
-                    model_kwargs.get("position_ids"),
-                    logits_processor,
-                    stopping_criteria,
-                    generation_config,
-                )
-                if done is not None:
-                    return done
-            else:
-                start = self.fast_loop_inputs(input_ids, model_kwargs)
+        """`generate`'s decoding loop for the calls that `lean_loop_fits` (passed as its `custom_generate`):
+        transformers' greedy/sampling loop (`sample_tokens`) over the lean step (`graph_step`), which skips
+        transformers' per-step bookkeeping (Cache objects, input preparation, output dataclasses: about as much as
+        a decode step of a small model on CPU), or over `forward_step` for the inputs that only `forward` takes."""
+        step = self.graph_step(input_ids, model_kwargs, generation_config.max_length)
+        step = step or self.forward_step(input_ids, model_kwargs)
+        return sample_tokens(step, input_ids, logits_processor, stopping_criteria, generation_config)
+
+    def graph_step(self, input_ids: torch.Tensor, model_kwargs: dict, max_length: int) -> Step | None:
+        """The lean loop's step: the decoding graph run on the cache tensors of the previous run, as they are; None
+        when `model_kwargs` ask for more than it does (`fast_loop_inputs`)."""
+        start = self.fast_loop_inputs(input_ids, model_kwargs)
         if start is None:
-            return super()._sample(
-                input_ids,
-                logits_processor,
-                stopping_criteria,
-                generation_config,
-                synced_gpus=synced_gpus,
-                streamer=streamer,
-                **model_kwargs,
-            )
-        inputs, tokens = start
+            return None
+        inputs, first_tokens = start
         batch = input_ids.shape[0]
         use_io_binding = self.graphs[self.decoding_graph].use_io_binding
-        buffers = self.new_kv_buffers(batch, generation_config.max_length) if use_io_binding else None
-        pad_token_id = generation_config._pad_token_tensor
-        has_eos_stopping_criteria = any(hasattr(criteria, "eos_token_id") for criteria in stopping_criteria)
-        # As in transformers, the bookkeeping (ids, processors, criteria) stays on the device of the user's input.
-        unfinished = torch.ones(batch, dtype=torch.long, device=input_ids.device)
+        buffers = self.new_kv_buffers(batch, max_length) if use_io_binding else None
         # Without IO binding the cache stays in ONNX Runtime's numpy arrays from step to step (`run_step_arrays`).
         past = self.empty_past(batch) if use_io_binding else [tensor.numpy() for tensor in self.empty_past(batch)]
-        processors = lean_logits_processors(logits_processor)
-        while True:
+
+        def step(tokens: torch.Tensor | None) -> torch.Tensor:
+            nonlocal past
+            if tokens is None:
+                tokens = first_tokens
+            else:
+                tokens = tokens[:, None].to(self.device)
+                self.advance_inputs(inputs)
             if use_io_binding:
                 logits, past = self.run_decoding_graph({**inputs, "input_ids": tokens}, past, buffers)
             else:
                 logits, past = self.run_step_arrays({**inputs, "input_ids": tokens}, past)
-            # Float32, as in transformers. No copy: processors may modify the scores in place, and they are already
-            # this step's own tensor (ONNX Runtime allocates the logits anew for every run).
-            next_logits = logits[:, -1].to(dtype=torch.float32, device=input_ids.device)
-            scores = apply_processors(processors, input_ids, next_logits)
-            if generation_config.do_sample:
-                next_tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
-            else:
-                next_tokens = greedy_tokens(scores)
-            if has_eos_stopping_criteria:
-                # Finished sequences are padded.
-                next_tokens = next_tokens * unfinished + pad_token_id * (1 - unfinished)
-            input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
-            unfinished = unfinished & ~stopping_criteria(input_ids, None)
-            if unfinished.max() == 0:
-                return input_ids
-            tokens = next_tokens[:, None].to(self.device)
-            self.advance_inputs(inputs)
+            return logits[:, -1]
+
+        return step
+
+    def forward_step(self, input_ids: torch.Tensor, model_kwargs: dict) -> Step:
+        """A step through `forward` and its cache, fed as transformers' own loop feeds it: for the inputs that the
+        lean step leaves to `forward` (which computes them, or refuses them with its reason)."""
+        arguments, cache = self.forward_arguments(input_ids, model_kwargs), None
+
+        def step(tokens: torch.Tensor | None) -> torch.Tensor:
+            nonlocal arguments, cache
+            if tokens is not None:
+                arguments = self.next_forward_arguments(arguments, tokens[:, None].to(self.device))
+            outputs = self.forward(**arguments, cache=cache, use_cache=True)
+            cache = cache_of(outputs)
+            return outputs.logits[:, -1]
+
+        return step
 
     def fast_loop_inputs(
         self, input_ids: torch.Tensor, model_kwargs: dict
@@ -273,6 +246,14 @@ class OrtModelForGeneration(OrtModel, GenerationMixin):
 
     def advance_inputs(self, inputs: dict[str, torch.Tensor]) -> None:
         """Update the non-cache inputs for the next single-token step."""
+
+    def forward_arguments(self, input_ids: torch.Tensor, model_kwargs: dict) -> dict[str, Any]:
+        """`forward_step`'s arguments of `forward` (all but the cache) for the prompt, from generate's."""
+        raise NotImplementedError
+
+    def next_forward_arguments(self, arguments: dict[str, Any], tokens: torch.Tensor) -> dict[str, Any]:
+        """`arguments` for the next step, which feeds each row's new token (`tokens`: (batch, 1))."""
+        raise NotImplementedError
 
 
 class OrtModelForCausalLM(OrtModelForGeneration):
@@ -306,65 +287,40 @@ class OrtModelForCausalLM(OrtModelForGeneration):
         input_ids: torch.Tensor | np.ndarray,
         attention_mask: torch.Tensor | np.ndarray | None = None,
         position_ids: torch.Tensor | np.ndarray | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         use_cache: bool = True,
         return_dict: bool = True,
         logits_to_keep: int | torch.Tensor = 0,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
         """Args as `VaswaniForCausalLM.forward`: `input_ids` (batch, sequence); `attention_mask` (batch, cached +
-        new tokens), all ones by default; `position_ids` (batch, sequence), from the mask by default;
-        `past_key_values` a `DynamicCache` of earlier calls (updated in place, as in PyTorch); `logits_to_keep` the
-        positions whose logits are computed (0: all, n: the last n, or a 1-D tensor of positions; `generate`
-        passes 1). Returns those logits and, with `use_cache`, the cache."""
+        new tokens), all ones by default; `position_ids` (batch, sequence), from the mask by default; `cache` (or
+        `past_key_values`, its name before transformers 5.24) a `DynamicCache` of earlier calls (updated in place, as
+        in PyTorch); `logits_to_keep` the positions whose logits are computed (0: all, n: the last n, or a 1-D tensor
+        of positions; `generate` passes 1). Returns those logits and, with `use_cache`, the cache."""
         check_unsupported_arguments(kwargs)
-        if past_key_values is not None and not isinstance(past_key_values, DynamicCache):
+        cache = merge_cache_arguments(cache, past_key_values)
+        if cache is not None and not isinstance(cache, DynamicCache):
             raise TypeError(
-                f"past_key_values must be a transformers DynamicCache (from an earlier call), got "
-                f"{type(past_key_values).__name__}."
+                f"cache must be a transformers DynamicCache (from an earlier call), got {type(cache).__name__}."
             )
         input_ids = self.graphs["model"].convert("input_ids", input_ids)
-        past = cache_tensors(past_key_values) or self.empty_past(input_ids.shape[0])
+        past = cache_tensors(cache) or self.empty_past(input_ids.shape[0])
+        if cache is None and use_cache:
+            cache = DynamicCache()
         if self.gqa is not None:
-            return self.gqa_forward(
-                input_ids, attention_mask, position_ids, past_key_values, past, use_cache, return_dict, logits_to_keep
-            )
-        inputs = self.decoder_inputs(input_ids, attention_mask, position_ids, past, logits_to_keep)
-        buffers = None
-        if past_key_values is None and use_cache:
-            past_key_values = DynamicCache()
+            total = past[0].shape[2] + input_ids.shape[1]
+            mask = torch.as_tensor(checked_mask(attention_mask, input_ids.shape[0], total, self.device))
+            positions = logits_positions(logits_to_keep, input_ids.shape[1])
+            logits, present = self.gqa.forward_hf(input_ids, mask, position_ids, past, positions)
+        else:
+            inputs = self.decoder_inputs(input_ids, attention_mask, position_ids, past, logits_to_keep)
+            buffers = self.kv_buffers_for(cache, *inputs["attention_mask"].shape) if use_cache else None
+            logits, present = self.run_decoding_graph(inputs, [inputs.pop(name) for name in self.past_names], buffers)
         if use_cache:
-            buffers = self.kv_buffers_for(past_key_values, *inputs["attention_mask"].shape)
-        logits, present = self.run_decoding_graph(inputs, [inputs.pop(name) for name in self.past_names], buffers)
-        if use_cache:
-            store_in_cache(past_key_values, present)
-        output = CausalLMOutputWithPast(logits=logits, past_key_values=past_key_values if use_cache else None)
-        return output if return_dict else output.to_tuple()
-
-    def gqa_forward(self, input_ids, attention_mask, position_ids, cache, past, use_cache, return_dict, logits_to_keep):
-        """`forward` on the GroupQueryAttention form: positions are the mask's (`cumsum - 1`, as generate passes
-        them); other position ids are refused rather than ignored."""
-        (batch, length), total = input_ids.shape, past[0].shape[2] + input_ids.shape[1]
-        mask = (
-            torch.ones(batch, total, dtype=torch.int64) if attention_mask is None else torch.as_tensor(attention_mask)
-        )
-        if tuple(mask.shape) != (batch, total):
-            raise ValueError(
-                f"attention_mask has shape {tuple(mask.shape)}, but the input needs (batch, past_sequence + sequence) "
-                f"= {(batch, total)}: one entry per cached and new token, 1 to attend and 0 for padding."
-            )
-        if not positions_follow_mask(position_ids, mask, input_ids.shape):
-            raise ValueError(
-                "This export (GroupQueryAttention form) takes positions from attention_mask (each token's count "
-                "of attended tokens before it); pass no position_ids, or export with --attention portable."
-            )
-        positions = logits_positions(logits_to_keep, length)
-        logits, present = self.gqa.step_hf(input_ids, mask, past if past[0].shape[2] else None, positions)
-        if use_cache:
-            if cache is None:
-                cache = DynamicCache()
             store_in_cache(cache, present)
-        output = CausalLMOutputWithPast(logits=logits, past_key_values=cache if use_cache else None)
+        output = CausalLMOutputWithPast(logits=logits, **cache_keyword(cache if use_cache else None))
         return output if return_dict else output.to_tuple()
 
     def decoder_inputs(
@@ -380,14 +336,7 @@ class OrtModelForCausalLM(OrtModelForGeneration):
         graph = self.graphs["model"]
         input_ids = graph.convert("input_ids", input_ids)
         (batch, length), total = input_ids.shape, past[0].shape[2] + input_ids.shape[1]
-        if attention_mask is None:
-            attention_mask = torch.ones(batch, total, dtype=torch.int64, device=self.device)
-        attention_mask = graph.convert("attention_mask", attention_mask)
-        if tuple(attention_mask.shape) != (batch, total):
-            raise ValueError(
-                f"attention_mask has shape {tuple(attention_mask.shape)}, but the input needs (batch, past_sequence + "
-                f"sequence) = {(batch, total)}: one entry per cached and new token, 1 to attend and 0 for padding."
-            )
+        attention_mask = graph.convert("attention_mask", checked_mask(attention_mask, batch, total, self.device))
         values = {"input_ids": input_ids, "attention_mask": attention_mask, **dict(zip(self.past_names, past))}
         if "position_ids" in graph.inputs:
             if position_ids is None:
@@ -398,7 +347,20 @@ class OrtModelForCausalLM(OrtModelForGeneration):
         values["logits_positions"] = logits_positions(logits_to_keep, length)
         return graph.prepare(values)
 
+    def lean_sample(self, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+        """As `OrtModelForGeneration.lean_sample`; the GroupQueryAttention form has a loop of its own (`gqa_sample`,
+        in-place KV buffers), with `forward_step` for the prompts it cannot start from."""
+        loop = (logits_processor, stopping_criteria, generation_config)
+        if self.gqa is not None:
+            mask, positions = model_kwargs.get("attention_mask"), model_kwargs.get("position_ids")
+            tokens = gqa_sample(self.gqa, input_ids, mask, positions, *loop)
+            if tokens is not None:
+                return tokens
+        return super().lean_sample(input_ids, *loop, **model_kwargs)
+
     def fast_loop_inputs(self, input_ids: torch.Tensor, model_kwargs: dict):
+        if self.gqa is not None:
+            return None  # `gqa_sample` declined these inputs: `forward` takes them, or says why it cannot
         past = self.empty_past(input_ids.shape[0])
         inputs = self.decoder_inputs(
             input_ids, model_kwargs.get("attention_mask"), model_kwargs.get("position_ids"), past, logits_to_keep=1
@@ -408,11 +370,37 @@ class OrtModelForCausalLM(OrtModelForGeneration):
         return inputs, inputs.pop("input_ids")
 
     def advance_inputs(self, inputs: dict[str, torch.Tensor]) -> None:
-        mask = inputs["attention_mask"]
-        inputs["attention_mask"] = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
+        inputs["attention_mask"] = with_new_column(inputs["attention_mask"])
         if "position_ids" in inputs:
             inputs["position_ids"] = inputs["position_ids"][:, -1:] + 1
         inputs["logits_positions"] = inputs["logits_positions"].new_zeros(1)  # the one new token
+
+    def forward_arguments(self, input_ids: torch.Tensor, model_kwargs: dict) -> dict[str, Any]:
+        names = ("attention_mask", "position_ids")
+        return {"input_ids": input_ids, **{name: model_kwargs.get(name) for name in names}, "logits_to_keep": 1}
+
+    def next_forward_arguments(self, arguments: dict[str, Any], tokens: torch.Tensor) -> dict[str, Any]:
+        positions = arguments["position_ids"]
+        positions = None if positions is None else positions[:, -1:] + 1
+        mask = with_new_column(arguments["attention_mask"])
+        return {**arguments, "input_ids": tokens, "attention_mask": mask, "position_ids": positions}
+
+
+def checked_mask(attention_mask: Any, batch: int, total: int, device: torch.device) -> Any:
+    """`attention_mask` checked against the (batch, cached + new tokens) shape the input needs; all ones if None."""
+    if attention_mask is None:
+        return torch.ones(batch, total, dtype=torch.int64, device=device)
+    if tuple(attention_mask.shape) != (batch, total):
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)}, but the input needs (batch, past_sequence + "
+            f"sequence) = {(batch, total)}: one entry per cached and new token, 1 to attend and 0 for padding."
+        )
+    return attention_mask
+
+
+def with_new_column(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A padding mask (batch, tokens) extended by one attended token per row; None (no padding) stays None."""
+    return None if mask is None else torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
 
 
 def logits_positions(logits_to_keep: int | torch.Tensor, length: int) -> torch.Tensor:
@@ -496,9 +484,10 @@ class OrtModelForSeq2SeqLM(OrtModelForGeneration):
         decoder_input_ids: Any = None,
         decoder_attention_mask: Any = None,
         encoder_outputs: OrtEncoderOutput | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         use_cache: bool = True,
         return_dict: bool = True,
+        past_key_values: EncoderDecoderCache | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
         """Args as `VaswaniForConditionalGeneration.forward`: the source `input_ids`/`attention_mask` (or
@@ -506,13 +495,13 @@ class OrtModelForSeq2SeqLM(OrtModelForGeneration):
         earlier calls (updated in place). Decoder padding masks are not supported: the decoder graph attends to
         every target token (generation never pads them)."""
         check_unsupported_arguments(kwargs)
+        cache = merge_cache_arguments(cache, past_key_values)
         if decoder_input_ids is None:
             raise ValueError("An encoder-decoder model needs decoder_input_ids (the target tokens read so far).")
         self.check_no_decoder_padding(decoder_attention_mask)
-        if past_key_values is not None and not isinstance(past_key_values, EncoderDecoderCache):
+        if cache is not None and not isinstance(cache, EncoderDecoderCache):
             raise TypeError(
-                f"past_key_values must be a transformers EncoderDecoderCache (from an earlier call), got "
-                f"{type(past_key_values).__name__}."
+                f"cache must be a transformers EncoderDecoderCache (from an earlier call), got {type(cache).__name__}."
             )
         if encoder_outputs is None:
             if input_ids is None:
@@ -521,27 +510,27 @@ class OrtModelForSeq2SeqLM(OrtModelForGeneration):
         decoder_input_ids = self.graphs["decoder"].convert("input_ids", decoder_input_ids)
         batch = decoder_input_ids.shape[0]
         cross = None
-        if past_key_values is not None and past_key_values.is_updated.get(0):
-            cross = cache_tensors(past_key_values.cross_attention_cache)
-        cross = cross or self.cross_key_values(encoder_outputs)
-        self_cache = past_key_values.self_attention_cache if past_key_values is not None else None
+        if cache is not None and cache.is_updated.get(0):
+            cross = cache_tensors(cache.cross_attention_cache)
+        cross = cross or self.cross_key_values(encoder_outputs, batch)
+        self_cache = cache.self_attention_cache if cache is not None else None
         past = cache_tensors(self_cache) or self.empty_past(batch)
         inputs = self.decoder_inputs(decoder_input_ids, attention_mask, cross, past)
         past = [inputs.pop(name) for name in self.past_names]
         buffers = None
         if use_cache:
-            if past_key_values is None:
-                past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
-            buffers = self.kv_buffers_for(past_key_values, batch, past[0].shape[2] + decoder_input_ids.shape[1])
+            if cache is None:
+                cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+            buffers = self.kv_buffers_for(cache, batch, past[0].shape[2] + decoder_input_ids.shape[1])
         logits, present = self.run_decoding_graph(inputs, past, buffers)
         if use_cache:
-            store_in_cache(past_key_values.self_attention_cache, present)
-            if not past_key_values.is_updated.get(0):
-                store_in_cache(past_key_values.cross_attention_cache, [inputs[name] for name in self.cross_names])
-                past_key_values.is_updated = dict.fromkeys(range(len(self.cross_names) // 2), True)
+            store_in_cache(cache.self_attention_cache, present)
+            if not cache.is_updated.get(0):
+                store_in_cache(cache.cross_attention_cache, [inputs[name] for name in self.cross_names])
+                cache.is_updated = dict.fromkeys(range(len(self.cross_names) // 2), True)
         output = Seq2SeqLMOutput(
             logits=logits,
-            past_key_values=past_key_values if use_cache else None,
+            **cache_keyword(cache if use_cache else None),
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
         )
         return output if return_dict else output.to_tuple()
@@ -554,14 +543,24 @@ class OrtModelForSeq2SeqLM(OrtModelForGeneration):
                 "Pass unpadded decoder_input_ids (one sequence at a time if their lengths differ)."
             )
 
-    def cross_key_values(self, encoder_outputs: Any) -> list[torch.Tensor]:
+    def cross_key_values(self, encoder_outputs: Any, batch: int) -> list[torch.Tensor]:
+        """The encoder output's cross-attention keys/values for a decoder batch of `batch` rows. For beams and
+        multiple returned sequences generate repeats each source row in `encoder_outputs` and the mask (their
+        tensors, not this tuple), so each row of them is repeated here as often, once per generate call."""
         cross = getattr(encoder_outputs, "cross_key_values", None)
         if cross is None:
             raise ValueError(
                 "encoder_outputs lack the cross-attention keys/values that the decoder graph reads: pass the output "
                 "of model.get_encoder() (an OrtEncoderOutput), or pass input_ids and let the model encode them."
             )
-        return list(cross)
+        rows = cross[0].shape[0]
+        if batch % rows:
+            raise ValueError(
+                f"The decoder batch ({batch} rows) is not a multiple of the encoder output's ({rows} rows): pass "
+                f"decoder_input_ids with the same number of rows as the source, or each source row repeated "
+                f"consecutively the same number of times (as generate does for beams)."
+            )
+        return list(cross) if batch == rows else [tensor.repeat_interleave(batch // rows, dim=0) for tensor in cross]
 
     def decoder_inputs(
         self, decoder_input_ids: torch.Tensor, encoder_attention_mask: Any, cross: list[torch.Tensor], past: list
@@ -579,29 +578,22 @@ class OrtModelForSeq2SeqLM(OrtModelForGeneration):
             }
         )
 
-    def _expand_inputs_for_generation(
-        self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids=None, **model_kwargs
-    ):
-        # Beams and multiple returned sequences repeat each input; transformers repeats the tensors of
-        # encoder_outputs, but not tuples of them, like the cross-attention keys/values.
-        input_ids, model_kwargs = super()._expand_inputs_for_generation(
-            expand_size, is_encoder_decoder, input_ids, **model_kwargs
-        )
-        encoder_outputs = model_kwargs.get("encoder_outputs")
-        if expand_size > 1 and getattr(encoder_outputs, "cross_key_values", None) is not None:
-            encoder_outputs.cross_key_values = tuple(
-                tensor.repeat_interleave(expand_size, dim=0) for tensor in encoder_outputs.cross_key_values
-            )
-        return input_ids, model_kwargs
-
     def fast_loop_inputs(self, input_ids: torch.Tensor, model_kwargs: dict):
         decoder_attention_mask = model_kwargs.get("decoder_attention_mask")
         if decoder_attention_mask is not None and not bool((decoder_attention_mask == 1).all()):
-            return None  # transformers' loop calls forward, which explains why this cannot work
-        cross = self.cross_key_values(model_kwargs["encoder_outputs"])
+            return None  # `forward_step` runs forward, which explains why this cannot work
+        cross = self.cross_key_values(model_kwargs["encoder_outputs"], input_ids.shape[0])
         inputs = self.decoder_inputs(
             input_ids, model_kwargs.get("attention_mask"), cross, self.empty_past(input_ids.shape[0])
         )
         for name in self.past_names:
             del inputs[name]
         return inputs, inputs.pop("input_ids")
+
+    def forward_arguments(self, input_ids: torch.Tensor, model_kwargs: dict) -> dict[str, Any]:
+        names = ("attention_mask", "encoder_outputs", "decoder_attention_mask")
+        return {"decoder_input_ids": input_ids, **{name: model_kwargs.get(name) for name in names}}
+
+    def next_forward_arguments(self, arguments: dict[str, Any], tokens: torch.Tensor) -> dict[str, Any]:
+        mask = with_new_column(arguments["decoder_attention_mask"])
+        return {**arguments, "decoder_input_ids": tokens, "decoder_attention_mask": mask}

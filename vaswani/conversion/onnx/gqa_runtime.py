@@ -14,7 +14,13 @@ import onnxruntime as ort
 import torch
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
-from .lean_steps import SuppressTokensUntilLength, apply_processors, greedy_tokens, lean_logits_processors
+from .lean_steps import (
+    SuppressTokensUntilLength,
+    apply_processors,
+    draw_tokens,
+    lean_logits_processors,
+    pad_token_tensor,
+)
 from .ort_llm import FORM_GQA
 
 
@@ -150,6 +156,23 @@ class GqaDecoder:
         present = [torch.gather(buffer, 2, position) * on for buffer in buffers]
         return out, present
 
+    def forward_hf(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        past: list[torch.Tensor],
+        logits_positions: torch.Tensor,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """`step_hf` for `OrtModelForCausalLM.forward` (`past` may be empty): positions are the mask's (`cumsum - 1`,
+        as generate passes them); other position ids are refused rather than ignored."""
+        if not positions_follow_mask(position_ids, attention_mask, input_ids.shape):
+            raise ValueError(
+                "This export (GroupQueryAttention form) takes positions from attention_mask (each token's count "
+                "of attended tokens before it); pass no position_ids, or export with --attention portable."
+            )
+        return self.step_hf(input_ids, attention_mask, past if past[0].shape[2] else None, logits_positions)
+
     # -- the lean loop
 
     def start(
@@ -193,7 +216,7 @@ def positions_follow_mask(position_ids: torch.Tensor | None, attention_mask: tor
 
 
 class _NotLeftPaddedError(Exception):
-    """The prompt's last column holds padding: the lean loop hands the call to transformers' loop."""
+    """The prompt's last column holds padding: the lean loop decodes it through `forward` instead."""
 
 
 def _front_indices(mask: torch.Tensor, width: int) -> torch.Tensor:
@@ -250,11 +273,11 @@ def gqa_sample(
     stopping_criteria,
     generation_config,
 ) -> torch.Tensor | None:
-    """The lean greedy/sampling loop (`OrtModelForGeneration._sample`) on a GroupQueryAttention-form graph: the same
+    """The lean greedy/sampling loop (`OrtModelForGeneration.lean_sample`) on a GroupQueryAttention-form graph: the same
     processors, stopping criteria and random draws, one preallocated buffer per cache tensor for the whole call, and
     per step only the token, two lengths and the run; plain greedy search (no processor, the standard criteria) runs
     that on numpy views of the bound buffers (`_greedy_numpy`). Returns None when the prompt is not left-padded (its last
-    column is padding) or `position_ids` are not the mask's: transformers' loop then runs it through `forward`."""
+    column is padding) or `position_ids` are not the mask's: the caller then runs it through `forward`."""
     batch, length = input_ids.shape
     if not positions_follow_mask(position_ids, attention_mask, input_ids.shape):
         return None  # other positions than the mask's: `forward` says why it cannot run them
@@ -267,7 +290,7 @@ def gqa_sample(
     # see a view (no concatenation per token).
     ids = torch.empty(batch, capacity, dtype=input_ids.dtype)
     ids[:, :length] = input_ids
-    pad_token_id = generation_config._pad_token_tensor
+    pad_token_id = pad_token_tensor(generation_config, input_ids.device)
     has_eos_stopping_criteria = any(hasattr(criteria, "eos_token_id") for criteria in stopping_criteria)
     stops = StandardStops.of(stopping_criteria)
     unfinished = torch.ones(batch, dtype=torch.long)
@@ -288,10 +311,7 @@ def gqa_sample(
         )
     while True:
         scores = apply_processors(processors, ids[:, :length], next_logits)
-        if generation_config.do_sample:
-            next_tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
-        else:
-            next_tokens = greedy_tokens(scores)
+        next_tokens = draw_tokens(scores, generation_config.do_sample)
         if has_eos_stopping_criteria:
             next_tokens = next_tokens * unfinished + pad_token_id * (1 - unfinished)
         ids[:, length] = next_tokens

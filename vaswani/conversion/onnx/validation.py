@@ -13,6 +13,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
+from ...modeling import cache_of
 from .contract import DTYPES, PAST_PLUS_SEQUENCE, load_manifest, padded_mask, positions_from_mask
 from .gqa_runtime import GqaValidationRunner, is_gqa_form
 from .session import PROVIDERS
@@ -331,8 +332,8 @@ def _validate_causal_lm(runner, model, comparison, generator, device) -> None:
                 "position_ids": positions_from_mask(mask)[:, -length:],
             }
             actual = runner.run({**_numpy(inputs), **past, "logits_positions": np.arange(length)})
-            outputs = model(**_on(device, inputs), past_key_values=cache, use_cache=True)
-            cache = outputs.past_key_values
+            outputs = model(**_on(device, inputs), cache=cache, use_cache=True)
+            cache = cache_of(outputs)
             expected = {"logits": outputs.logits, **_named_cache("present", cache)}
             case = f"batch {batch}, past {mask.shape[1] - length}, new {length}"
             runner.compare(comparison, case, actual, expected, {"sequence": mask, PAST_PLUS_SEQUENCE: mask})
@@ -366,10 +367,10 @@ def _validate_seq2seq(runners, model, comparison, generator, device) -> None:
                 attention_mask=source["attention_mask"].to(device),
                 decoder_input_ids=ids.to(device),
                 encoder_outputs=encoder_outputs,
-                past_key_values=cache,
+                cache=cache,
                 use_cache=True,
             )
-            cache = outputs.past_key_values
+            cache = cache_of(outputs)
             if seen == 0:
                 # PyTorch projected the cross keys/values inside the decoder: an independent check of the encoder graph.
                 expected = {

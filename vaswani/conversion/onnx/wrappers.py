@@ -8,7 +8,7 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
-from ...modeling import VaswaniForCausalLM, VaswaniForConditionalGeneration, VaswaniSeq2SeqModel
+from ...modeling import VaswaniForCausalLM, VaswaniForConditionalGeneration, VaswaniSeq2SeqModel, cache_of
 from .contract import PAST_PLUS_SEQUENCE, CacheShape, GraphSpec, TensorSpec
 from .tasks import family_of
 
@@ -74,13 +74,13 @@ class CausalLMWithCache(nn.Module):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=_cache_from_tensors(past_key_values, self.model.config),
+            cache=_cache_from_tensors(past_key_values, self.model.config),
             use_cache=True,
         )
         # VaswaniForCausalLM's head with `logits_to_keep=logits_positions`, selected with index_select: one Gather,
         # where tensor indexing exports as Transpose, GatherND, Transpose.
         logits = self.model.lm_head(outputs.last_hidden_state.index_select(1, logits_positions))
-        return (_output_tensor("logits", logits), *_flatten_cache(outputs.past_key_values))
+        return (_output_tensor("logits", logits), *_flatten_cache(cache_of(outputs)))
 
 
 class CrossKeyValues(nn.Module):
@@ -142,10 +142,10 @@ class Seq2SeqDecoderWithCache(nn.Module):
             attention_mask=encoder_attention_mask,
             decoder_input_ids=input_ids,
             encoder_outputs=BaseModelOutput(last_hidden_state=placeholder),
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
         )
-        return (_output_tensor("logits", outputs.logits), *_flatten_cache(outputs.past_key_values.self_attention_cache))
+        return (_output_tensor("logits", outputs.logits), *_flatten_cache(cache_of(outputs).self_attention_cache))
 
 
 def _ids(name: str, length: str = "sequence") -> TensorSpec:
