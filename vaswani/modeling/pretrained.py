@@ -119,6 +119,27 @@ class VaswaniPreTrainedModel(PreTrainedModel):
             self.config.auto_map = auto_map
         return super().save_pretrained(save_directory, *args, **kwargs)
 
+    def set_attn_implementation(self, attn_implementation: str | dict, *args, **kwargs) -> None:
+        """transformers' `set_attn_implementation`, reaching every stack.
+
+        The stacks of an encoder-decoder hold configs of their own (`stack_config`) of the model's config class, and
+        transformers before 5.2x passes a new backend only to submodels whose config is of another class: the
+        encoder and decoder would go on running the old one.
+
+        Example:
+            >>> model.set_attn_implementation("eager")  # e.g. to return attention weights
+        """
+        super().set_attn_implementation(attn_implementation, *args, **kwargs)
+        if not isinstance(attn_implementation, str):
+            return
+        for module in self.modules():
+            if (
+                module is not self
+                and isinstance(module, VaswaniPreTrainedModel)
+                and module.config._attn_implementation != attn_implementation
+            ):
+                module.set_attn_implementation(attn_implementation, *args, **kwargs)
+
     def init_continuous_batching(self, *args, **kwargs):
         """transformers' continuous batching (`generate_batch`, `transformers serve --continuous-batching`), refused
         up front for position biases: it packs every request into one row, and ALiBi and relative-bias scores need
