@@ -12,11 +12,16 @@ PY := $(VENV)/bin/python
 # Written after a successful install; setup reruns only when it is missing or pyproject.toml is newer.
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup demo test lint benchmark clean distclean
+# The declared floors (.ci/floor-constraints.txt: the lower bounds in pyproject.toml), in a venv of their own.
+FLOOR_VENV := .venv-floor
+FLOOR_STAMP := $(FLOOR_VENV)/.installed
+
+.PHONY: help setup demo test setup-floor test-floor lint benchmark clean distclean
 
 help:
 	@echo "make demo       set up .venv if needed, then train, save, reload and sample a small model (about a minute)"
 	@echo "make test       set up .venv if needed, then run the test suite"
+	@echo "make test-floor the test suite on the declared floors of transformers, onnx, onnxruntime, ... (.venv-floor)"
 	@echo "make setup      create .venv and install PyTorch (CPU) and vaswani[$(EXTRAS)] in editable mode"
 	@echo "make lint       ruff check"
 	@echo "make benchmark  run scripts/benchmark.py"
@@ -37,6 +42,17 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest tests $(ARGS)
 
+setup-floor: $(FLOOR_STAMP)
+
+$(FLOOR_STAMP): pyproject.toml .ci/floor-constraints.txt
+	test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip install "$(TORCH)"
+	$(FLOOR_VENV)/bin/python -m pip install -e ".[$(EXTRAS)]" -c .ci/floor-constraints.txt
+	touch $(FLOOR_STAMP)
+
+test-floor: $(FLOOR_STAMP)
+	$(FLOOR_VENV)/bin/python -m pytest tests $(ARGS)
+
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
@@ -47,4 +63,4 @@ clean:
 	rm -rf outputs
 
 distclean: clean
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(FLOOR_VENV) build *.egg-info

@@ -8,9 +8,14 @@ share (and overwrite) each other's attention backend.
 """
 
 import copy
+import importlib
+import os
+import re
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
+import tomllib
 import torch
 from transformers import PreTrainedConfig, PreTrainedModel
 
@@ -121,3 +126,38 @@ def fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+# ------------------------------------------------------------------------------------- installed extras under CI
+
+# The extras `make setup` installs (the Makefile's EXTRAS), and the modules by which the tests import them.
+INSTALLED_EXTRAS = ("onnx", "train", "serve", "dev")
+IMPORT_NAMES = {"onnx-ir": "onnx_ir", "ray": "ray.serve", "uvicorn": "uvicorn", "ruff": None}
+
+
+def declared_extra_modules() -> dict[str, str]:
+    """{distribution: module} for every requirement of INSTALLED_EXTRAS in pyproject.toml."""
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    modules = {}
+    for extra in INSTALLED_EXTRAS:
+        for requirement in project["optional-dependencies"][extra]:
+            name = re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0]
+            module = IMPORT_NAMES.get(name, name.replace("-", "_"))
+            if module is not None:
+                modules[name] = module
+    return modules
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under CI (`CI=true`), every declared extra must import: the ONNX, serving and training tests skip where theirs
+    is missing, so a broken extra would otherwise turn hundreds of tests into skips and leave the run green."""
+    if os.environ.get("CI", "").lower() != "true":
+        return
+    broken = []
+    for name, module in declared_extra_modules().items():
+        try:
+            importlib.import_module(module)
+        except Exception as error:  # an extra that is installed but broken counts as missing
+            broken.append(f"{name} ({module}): {type(error).__name__}: {error}")
+    if broken:
+        pytest.exit("CI=true, but declared extras do not import:\n  " + "\n  ".join(broken), returncode=3)

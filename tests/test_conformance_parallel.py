@@ -66,8 +66,12 @@ def test_tp_plan_splits_every_projection_and_names_only_real_modules(family, pos
 def test_tp_plan_of_a_converted_llama_is_llamas_plan():
     reference = tiny_decoder(LlamaForCausalLM)
     converted = from_transformers(reference)
-    # The module names are the same in both (q_proj, ..., down_proj, lm_head), so the plans must be too.
-    assert planned_modules(converted) == planned_modules(reference)
+    # The module names are the same in both (q_proj, ..., down_proj, lm_head), so the plans must be too. Llama's
+    # plan splits the token embedding from transformers 5.21 on; ours does on every release (the style exists there).
+    ours, llamas = planned_modules(converted), planned_modules(reference)
+    if "model.embed_tokens" not in llamas:
+        assert ours.pop("model.embed_tokens") == "embedding_rowwise"
+    assert ours == llamas
 
 
 LAUNCHED = {

@@ -17,6 +17,8 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
+# Set in `__dict__` once a config is built; never saved.
+BUILT_MARK = "_vaswani_built"
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "rope", "alibi", "relative_bias", "none")
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
@@ -154,9 +156,17 @@ class VaswaniConfig(PreTrainedConfig):
             self._refuse_rope_request(rope_parameters, kwargs)
         super().__post_init__(**kwargs)
         self.validate()
+        # Our own mark, not transformers' `_post_init_done` (which releases before 5.21.1 do not set): from here on,
+        # assignments are checked (`__setattr__`).
+        self.__dict__[BUILT_MARK] = True
+
+    def to_dict(self) -> dict[str, Any]:
+        output = super().to_dict()
+        output.pop(BUILT_MARK, None)  # a state of this object, not a setting
+        return output
 
     def __setattr__(self, key: str, value: Any) -> None:
-        if self.__dict__.get("_post_init_done"):
+        if self.__dict__.get(BUILT_MARK):
             rotary = self.__dict__.get("position_embedding_type") == "rope"
             if key == "rope_parameters" and not rotary:
                 # Rope scaling set on a built non-rotary config (`config.rope_parameters = ...`,
