@@ -8,6 +8,7 @@ so do ours. Hidden states come from every backend.
 
 import pytest
 import torch
+import transformers
 from conftest import (
     POSITION_TYPES,
     build_model,
@@ -16,6 +17,7 @@ from conftest import (
     tiny_encoder_config,
     tiny_seq2seq_config,
 )
+from packaging import version
 
 from vaswani import (
     VaswaniDecoderConfig,
@@ -105,12 +107,21 @@ def model_inputs(model) -> dict[str, torch.Tensor]:
     return inputs
 
 
-def assert_same_recorded_outputs(actual, expected) -> None:
+# transformers' T5 records no attentions before 5.20 (5.16-5.19 checked; ours records them, which the eager case below
+# asserts): there the oracle cannot speak for those outputs.
+T5_ATTENTIONS = {"encoder_attentions", "decoder_attentions", "cross_attentions"}
+ORACLE_GAPS = {"t5": T5_ATTENTIONS} if version.parse(transformers.__version__).release < (5, 20) else {}
+
+
+def assert_same_recorded_outputs(actual, expected, gaps: set[str] = frozenset()) -> None:
     """Every recorded tuple is present in both or neither, with the same number of equal tensors. (An empty tuple is
-    nothing recorded: GPT-2 returns one for the cross-attentions it does not have.)"""
+    nothing recorded: GPT-2 returns one for the cross-attentions it does not have.) `gaps`: outputs the reference
+    does not record in the installed release, not compared."""
     compared = 0
     for key in RECORDED:
         ours, theirs = actual.get(key) or None, expected.get(key) or None
+        if key in gaps and theirs is None:
+            continue
         assert (ours is None) == (theirs is None), f"{key}: ours {ours is not None}, transformers' {theirs is not None}"
         if ours is None:
             continue
@@ -132,7 +143,7 @@ def test_recorded_outputs_match_transformers(oracle, attn_implementation):
         actual = ours(**inputs, output_attentions=True, output_hidden_states=True)
         expected = theirs(**inputs, output_attentions=True, output_hidden_states=True)
     torch.testing.assert_close(actual.logits, expected.logits)
-    assert_same_recorded_outputs(actual, expected)
+    assert_same_recorded_outputs(actual, expected, ORACLE_GAPS.get(oracle, set()))
     if attn_implementation == "eager":
         assert all(len(actual[key]) for key in RECORDED if key.endswith("attentions") and key in actual)
 
@@ -181,11 +192,14 @@ def test_generate_returns_the_attentions_and_hidden_states_of_transformers(oracl
     assert torch.equal(actual.sequences, expected.sequences)
     for key in ("scores", *RECORDED):
         mine, reference = getattr(actual, key, None), getattr(expected, key, None)
+        # Per generated step: a tensor (scores, encoder outputs) or a tuple of one tensor per layer.
+        flatten = lambda steps: [t for step in steps for t in (step if isinstance(step, tuple) else (step,))]  # noqa: E731
+        if key in ORACLE_GAPS.get(oracle, set()) and not flatten(reference or ()):
+            assert flatten(mine or ()), f"{key}: not recorded"
+            continue
         assert (mine is None) == (reference is None), key
         if mine is None:
             continue
-        # Per generated step: a tensor (scores, encoder outputs) or a tuple of one tensor per layer.
-        flatten = lambda steps: [t for step in steps for t in (step if isinstance(step, tuple) else (step,))]  # noqa: E731
         assert len(flatten(mine)) == len(flatten(reference)) > 0, key
         for step, (a, b) in enumerate(zip(flatten(mine), flatten(reference))):
             torch.testing.assert_close(a, b, msg=lambda message, key=key, step=step: f"{key}[{step}]: {message}")
