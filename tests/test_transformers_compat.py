@@ -18,7 +18,14 @@ from conftest import (
     tiny_seq2seq_config,
     with_attention_backend,
 )
-from transformers import AttentionInterface, AttentionMaskInterface, DynamicCache, EncoderDecoderCache, GenerationConfig
+from transformers import (
+    AttentionInterface,
+    AttentionMaskInterface,
+    ContinuousBatchingConfig,
+    DynamicCache,
+    EncoderDecoderCache,
+    GenerationConfig,
+)
 from transformers.masking_utils import eager_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -179,6 +186,10 @@ def test_a_bias_free_model_runs_on_any_registered_backend():
 # ------------------------------------------------------------------------- transformers' continuous batching
 
 CB_GREEDY = GenerationConfig(max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+# A paged cache sized for these prompts: sized from the machine's memory instead, setting it up takes 20 s on a CPU.
+CB_SMALL = dict(
+    continuous_batching_config=ContinuousBatchingConfig(num_blocks=8, max_batch_tokens=64), progress_bar=False
+)
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17]]
 
 
@@ -188,7 +199,7 @@ def generated_by_generate(model) -> list[list[int]]:
 
 def generated_by_generate_batch(model, backend: str) -> list[list[int]]:
     model.set_attn_implementation(backend)
-    outputs = model.generate_batch(inputs=PROMPTS, generation_config=CB_GREEDY, progress_bar=False)
+    outputs = model.generate_batch(inputs=PROMPTS, generation_config=CB_GREEDY, **CB_SMALL)
     ordered = sorted(outputs.values(), key=lambda output: PROMPTS.index(list(output.prompt_ids)))
     return [list(output.generated_tokens) for output in ordered]
 
@@ -206,7 +217,7 @@ def test_generate_batch_gives_generates_tokens(position_embedding_type, backend)
 def test_generate_batch_refuses_a_position_bias(position_embedding_type):
     model = family_model("decoder", position_embedding_type, "sdpa")
     with pytest.raises(ValueError, match="continuous batching.*cannot apply"):
-        model.generate_batch(inputs=PROMPTS, generation_config=CB_GREEDY, progress_bar=False)
+        model.generate_batch(inputs=PROMPTS, generation_config=CB_GREEDY, **CB_SMALL)
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
