@@ -50,6 +50,11 @@ GENERATION_CASES = {
     "none": ("mqa", 1, {}),
 }
 LLAMA_STYLE = {"norm_type": "rmsnorm", "gated_ffn": True, "hidden_act": "silu"}
+# A decoder the GroupQueryAttention form takes: head_dim 16, since ONNX Runtime's kernel needs a multiple of 16 (the
+# shared tiny decoder has 8, which is the fallback case).
+GQA_DECODER = dict(
+    hidden_size=64, num_attention_heads=4, num_key_value_heads=2, position_embedding_type="rope", **LLAMA_STYLE
+)
 SEQ2SEQ_CASES = {"relative_bias": ("gqa", 1), "learned": ("mha", 1)}
 
 # (family, task) -> (model class, config, expected outputs): one position type each, spread over the six.

@@ -21,6 +21,7 @@ pytest.importorskip("onnxscript")  # the exporter's dependency
 from conftest import build_model, padding_mask, random_ids, tiny_decoder_config  # noqa: E402
 from onnx_cases import (  # noqa: E402
     DECODERS,
+    GQA_DECODER,
     HAS_CUDA,
     PAD,
     SEQ2SEQ,
@@ -489,14 +490,19 @@ STRATEGIES = {
 }
 
 
+@pytest.mark.parametrize("step", ["lean", "lean via forward"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("ort_class, name, prompts", LEAN_CASES)
 def test_greedy_search_and_sampling_run_in_the_lean_loop_through_custom_generate(
-    load, loops, ort_class, name, prompts, strategy
+    load, loops, monkeypatch, ort_class, name, prompts, strategy, step
 ):
     """generate prepares the inputs and calls `lean_sample` through its public `custom_generate` hook, which
-    decodes without a single call of forward; the tokens are PyTorch's, under the same seed."""
+    decodes without a single call of forward; the tokens are PyTorch's, under the same seed. When the lean step
+    cannot take the inputs (`fast_loop_inputs` returns None; forced here), `lean_sample` decodes through forward and
+    its cache, as transformers' loop would: PyTorch's tokens too."""
     pytorch_model, ort_model = load(ort_class, name)
+    if step == "lean via forward":
+        monkeypatch.setattr(ort_model, "fast_loop_inputs", lambda *args: None)
     input_ids, attention_mask = prompts()
     expected, actual = generate_both(
         pytorch_model,
@@ -508,7 +514,7 @@ def test_greedy_search_and_sampling_run_in_the_lean_loop_through_custom_generate
         **STRATEGIES[strategy],
     )
     assert torch.equal(actual, expected)
-    assert loops == ["lean"]
+    assert loops == [step]
 
 
 @pytest.mark.parametrize(
@@ -545,39 +551,8 @@ def test_a_cache_passed_to_generate_keeps_transformers_loop(load, loops):
     assert cache.get_seq_length() == input_ids.shape[1] + NEW_TOKENS - 1
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("ort_class, name, prompts", LEAN_CASES)
-def test_inputs_the_lean_step_declines_are_decoded_through_forward_inside_the_lean_loop(
-    load, loops, monkeypatch, ort_class, name, prompts, strategy
-):
-    """When the lean step cannot take the inputs (`fast_loop_inputs` returns None; forced here), `lean_sample`
-    decodes through forward and its cache, as transformers' loop would: PyTorch's tokens."""
-    pytorch_model, ort_model = load(ort_class, name)
-    monkeypatch.setattr(ort_model, "fast_loop_inputs", lambda *args: None)
-    input_ids, attention_mask = prompts()
-    expected, actual = generate_both(
-        pytorch_model,
-        ort_model,
-        "lean",
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        max_new_tokens=NEW_TOKENS,
-        **STRATEGIES[strategy],
-    )
-    assert torch.equal(actual, expected)
-    assert loops == ["lean via forward"]
 
 
-# head_dim 16: ONNX Runtime's GroupQueryAttention kernel needs a multiple of 16.
-GQA_DECODER = dict(
-    hidden_size=64,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    position_embedding_type="rope",
-    norm_type="rmsnorm",
-    gated_ffn=True,
-    hidden_act="silu",
-)
 
 
 @pytest.fixture(scope="module")

@@ -12,19 +12,11 @@ from conftest import build_causal_lm, max_diff_where, padding_mask, random_ids, 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")  # the exporter's dependency
 
+from onnx_cases import GQA_DECODER  # noqa: E402
+
 from vaswani.conversion.onnx import OrtModelForCausalLM, export_onnx  # noqa: E402
 from vaswani.conversion.onnx.contract import positions_from_mask  # noqa: E402
 
-# head_dim 16: ONNX Runtime's kernel needs a multiple of 16 (the shared tiny decoder has 8, which is the fallback case).
-GQA_DECODER = dict(
-    hidden_size=64,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    position_embedding_type="rope",
-    norm_type="rmsnorm",
-    gated_ffn=True,
-    hidden_act="silu",
-)
 LENGTHS = [7, 4]  # a left-padded batch of two prompts of different lengths
 
 
