@@ -247,6 +247,12 @@ def test_paper_recipe_in_trainer(workspace: Path, tmp_path: Path) -> None:
     assert logged == pytest.approx([paper_rate(n, model.config.hidden_size, 3) for n in range(1, 9)], rel=1e-9)
     group = trainer.optimizer.param_groups[0]
     assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.9, 0.98), 1e-9, 0.0)
+    # A second train() makes the schedule anew for its own length and warmup, as transformers does with its own.
+    trainer.args.max_steps, trainer.args.warmup_steps = 4, 2
+    trainer.state.log_history.clear()
+    trainer.train()
+    logged = [entry["learning_rate"] for entry in trainer.state.log_history if "learning_rate" in entry]
+    assert logged == pytest.approx([paper_rate(n, model.config.hidden_size, 2) for n in range(1, 5)], rel=1e-9)
 
     plain = VaswaniTrainingArguments(str(tmp_path), lr_scheduler_type="inverse_sqrt")
     assert (plain.learning_rate, plain.adam_beta2, plain.adam_epsilon) == (5e-5, 0.999, 1e-8)
