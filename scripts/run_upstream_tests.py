@@ -65,15 +65,16 @@ def assemble(source: Path, scratch: Path) -> Path:
     return target / TEST_MODULE.name
 
 
-def run_pytest(scratch: Path, test_file: Path, keyword: str | None, timeout: int) -> Path:
+def run_pytest(scratch: Path, test_file: Path, keyword: str | None, timeout: int) -> tuple[Path, int]:
+    """pytest on the assembled module: its JUnit report and its exit status (the report is read even when tests
+    failed, status 1; any other non-zero status means pytest itself did not run the tests through)."""
     report = scratch / "report.xml"
     command = [sys.executable, "-m", "pytest", str(test_file.relative_to(scratch)), "-q", "-p", "no:cacheprovider",
                f"--junitxml={report}", "-o", "junit_family=xunit2", "-rN", "--tb=line"]
     if keyword:
         command += ["-k", keyword]
     print("running:", " ".join(command), flush=True)
-    subprocess.run(command, cwd=scratch, timeout=timeout, check=False)
-    return report
+    return report, subprocess.run(command, cwd=scratch, timeout=timeout).returncode
 
 
 def summarize(report: Path) -> tuple[dict, dict, list]:
@@ -128,10 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="vaswani-upstream-") as scratch_name:
         scratch = Path(scratch_name)
         test_file = assemble(args.transformers.resolve(), scratch)
-        report = run_pytest(scratch, test_file, args.keyword, args.timeout)
-        if not report.is_file():
-            raise SystemExit("pytest wrote no report: it failed before collecting (see the output above)")
+        report, status = run_pytest(scratch, test_file, args.keyword, args.timeout)
+        if status not in (0, 1) or not report.is_file():
+            raise SystemExit(f"pytest exited with status {status} and did not run the tests (see the output above)")
         counts, skip_reasons, failures = summarize(report)
+    ran = sum(row["passed"] + row["failed"] for row in counts.values())
+    if not ran:
+        raise SystemExit("no test ran (all were deselected or skipped): there is no result to write")
     text = markdown(counts, skip_reasons, failures, args.transformers, args.provenance)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text)
