@@ -17,9 +17,12 @@ import copy
 import inspect
 import json
 import re
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 import torch.nn.functional as F
 from conftest import build_model, random_ids, tiny_decoder_config, tiny_encoder_config
@@ -211,3 +214,52 @@ def test_classifier_with_berts_pooler_fails_at_build_under_vllm(vllm_attention):
         AutoModelForSequenceClassification.from_config(config)
     config.add_pooler = False
     assert AutoModelForSequenceClassification.from_config(config).model.pooler is None
+
+
+# ---------------------------------------------------------------------- the plugin modules, with vLLM stood in for
+
+VLLM_MODULES = ("vllm", "vllm.model_executor", "vllm.model_executor.models", "vllm.model_executor.models.transformers")
+
+
+def test_the_plugin_registers_every_served_vaswani_architecture_with_vllm(monkeypatch):
+    """`vaswani.vllm_plugin.register`, as vLLM calls it, against a stand-in `vllm` that records the registrations
+    (vLLM itself is not installed here). Every architecture it maps is a vaswani model class, and each target is a
+    class of vLLM's Transformers backend or of `vaswani.vllm_models` that imports against that backend."""
+    import importlib
+    import types
+
+    import vaswani
+
+    registered = {}
+
+    class TransformersForSequenceClassification:  # the base vaswani.vllm_models extends
+        pass
+
+    stand_ins = {name: types.ModuleType(name) for name in VLLM_MODULES}
+    stand_ins["vllm"].ModelRegistry = types.SimpleNamespace(register_model=registered.__setitem__)
+    backend = stand_ins["vllm.model_executor.models.transformers"]
+    backend.TransformersForSequenceClassification = TransformersForSequenceClassification
+    for name, module in stand_ins.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    # Imported afresh against the stand-in, and forgotten afterwards (monkeypatch restores its absence).
+    monkeypatch.setitem(sys.modules, "vaswani.vllm_models", None)
+    monkeypatch.delitem(sys.modules, "vaswani.vllm_models")
+    plugin = importlib.import_module("vaswani.vllm_plugin")
+    plugin.register()
+    assert registered == plugin.BACKEND_CLASSES
+    assert all(hasattr(vaswani, architecture) for architecture in registered)
+    served = {name for name in vaswani.__all__ if name.startswith("Vaswani") and "Config" not in name}
+    # Encoder-decoder models are not served by vLLM's Transformers backend; everything else that vLLM can run is.
+    assert served - set(registered) <= {
+        "VaswaniForConditionalGeneration", "VaswaniSeq2SeqModel", "VaswaniPreTrainedModel", "VaswaniForMaskedLM",
+        "VaswaniForTokenClassification", "VaswaniForQuestionAnswering", "VaswaniForSequenceClassification",
+    }  # fmt: skip
+    for target in registered.values():
+        module_name, class_name = target.split(":")
+        if module_name.startswith("vaswani."):
+            cls = getattr(importlib.import_module(module_name), class_name)
+            assert issubclass(cls, TransformersForSequenceClassification)
+        else:
+            assert module_name == plugin.BACKEND and class_name.startswith("Transformers")
+    entry_points = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert entry_points["vllm.general_plugins"] == {"vaswani": "vaswani.vllm_plugin:register"}
