@@ -279,6 +279,8 @@ def test_eight_bit_budget_keeps_the_listed_matmuls_in_8_bits_within_budget_and_c
     manifest = load_manifest(folder)
     chosen = manifest["quantization_options"]["eight_bit_matmuls"]["model"]
     assert manifest["quantization_options"]["eight_bit_budget"] == BUDGET and manifest["validation"]["passed"]
+    # Every 4-bit matrix was ranked: a weight whose rows matched no scored row would never be chosen, silently.
+    assert manifest["quantization_options"]["unscored_matmuls"] == {"model": []}
     assert chosen and not load_manifest(exports["budget 0.0"].folder)["quantization_options"].get("eight_bit_matmuls")
     nodes, plain = nbits_of(folder), nbits_of(exports["budget 0.0"].folder)
     assert len(nodes) == len(plain)

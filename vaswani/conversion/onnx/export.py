@@ -383,6 +383,7 @@ def export_onnx(
                 manifest["quantization_options"] = stage_quantization.to_json()
                 if row_scores is not None:
                     manifest["quantization_options"]["eight_bit_matmuls"] = eight_bit_matmuls
+                    manifest["quantization_options"]["unscored_matmuls"] = unscored_matmuls
             if task == "text-generation":
                 manifest.update(form)
             write_manifest(staging, manifest)
@@ -399,7 +400,7 @@ def export_onnx(
         if quantization is not None:
             # The float graph first: its tight tolerance catches export defects that quantization error would hide.
             write_manifest_and_validate(None)
-        hessians, eight_bit_matmuls = {}, {}
+        hessians, eight_bit_matmuls, unscored_matmuls = {}, {}, {}
         if quantization is not None and quantization.calibrated:
             tokens = sum(window.shape[1] for window in windows)
             say(f"Calibrating int4 ({quantization.method}): float32 graphs on {tokens} tokens of calibration text")
@@ -409,9 +410,14 @@ def export_onnx(
             if quantization is not None:
                 method = f", {quantization.method}" if quantization.bits == 4 else ""
                 say(f"Quantizing graph {spec.name!r} ({quantization.name}{method}, block {quantization.block_size})")
-                eight_bit_matmuls[spec.name] = quantize_graph(
+                eight_bit_matmuls[spec.name], unscored_matmuls[spec.name] = quantize_graph(
                     staging / spec.file, quantization, hessians.get(spec.name), row_scores
                 )
+                if unscored_matmuls[spec.name]:
+                    say(
+                        f"int4: {len(unscored_matmuls[spec.name])} matrices of graph {spec.name!r} matched no scored "
+                        f"weight row and stay 4-bit whatever their sensitivity: {unscored_matmuls[spec.name]}"
+                    )
             if wants_gqa and spec.name == "model":
                 form = rewrite_decoder_attention(staging / spec.file, export_model, task, dtype, device, say)
             if optimize:

@@ -5,6 +5,7 @@ A new quantization format is an entry in `QUANTIZATIONS` (a new kind of graph re
 """
 
 import logging
+import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -242,9 +243,10 @@ def quantize_graph(
     quantization: WeightQuantization,
     hessians: dict[str, np.ndarray] | None = None,
     row_scores: dict[int, float] | None = None,
-) -> list[str]:
+) -> tuple[list[str], list[str]]:
     """Weight-only block-wise quantization of every weight MatMul, in place; returns the names of the body MatMuls
-    kept in 8 bits by sensitivity (`quantization.eight_bit_budget` with `row_scores`, see `sensitivity.py`).
+    kept in 8 bits by sensitivity (`quantization.eight_bit_budget` with `row_scores`, see `sensitivity.py`), and of
+    those the budget could not rank because no row of their weight was scored (they stay in `bits`; none expected).
 
     Each weight matrix is cut into blocks of `block_size` input rows, each block stored in `bits` bits with its own
     scale, and run by ONNX Runtime's `MatMulNBits`. Activations stay in float: dynamic int8 quantization of the
@@ -269,10 +271,11 @@ def quantize_graph(
     other_bits = {head: quantization.head_bits} if head is not None else {}
     if quantization.narrowing_bits is not None:
         other_bits.update(dict.fromkeys(narrowing_matmuls(model), quantization.narrowing_bits))
-    sensitive = []
+    sensitive, unscored = [], []
     if quantization.bits == 4 and quantization.eight_bit_budget > 0 and row_scores:
         candidates = [name for name, _ in weight_matmul_shapes(model) if other_bits.get(name, 4) == 4]
-        sensitive, _ = choose_eight_bit_matmuls(model, row_scores, quantization.eight_bit_budget, candidates)
+        sensitive, scores = choose_eight_bit_matmuls(model, row_scores, quantization.eight_bit_budget, candidates)
+        unscored = [name for name in candidates if math.isnan(scores[name])]
         other_bits.update(dict.fromkeys(sensitive, 8))
     other_bits = {name: bits for name, bits in other_bits.items() if bits != quantization.bits}
     # One pass per width: the body's first, then each other width's MatMuls together.
@@ -293,7 +296,7 @@ def quantize_graph(
     for stale in (path, Path(f"{path}.data")):
         stale.unlink(missing_ok=True)
     save_graph(model, path)
-    return sensitive
+    return sensitive, unscored
 
 
 def weight_matmul_shapes(model: onnx.ModelProto) -> list[tuple[str, list[int]]]:
