@@ -11,6 +11,7 @@ Runtime (fp32 must write the same tokens); the exporter's validation against PyT
 from pathlib import Path
 
 import pytest
+import torch
 from test_textbook_tasks import load_script
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
@@ -64,6 +65,17 @@ def generated_tokens(model, tokenizer) -> list[int]:
     return tokens[0, prompt["input_ids"].shape[1] :].tolist()
 
 
+def reply_divergence(reference, model, tokenizer, reply_tokens: list[int]) -> float:
+    """Mean KL divergence, in nats, of `model`'s next-token distributions from `reference`'s over the positions that
+    predict the reference reply (teacher-forced on it, so one early different token does not decide the rest)."""
+    prompt = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    prompt = prompt["input_ids"]
+    sequence = torch.cat([prompt, torch.tensor([reply_tokens])], dim=-1)
+    predicting = slice(prompt.shape[1] - 1, sequence.shape[1] - 1)
+    expected, actual = (m(sequence).logits[0, predicting].float().log_softmax(-1) for m in (reference, model))
+    return float((expected.exp() * (expected - actual)).sum(-1).mean())
+
+
 @pytest.fixture(scope="module")
 def pytorch_chat(journey: Path) -> tuple[str, list[int]]:
     """Step 4: the merged model's greedy reply through the text-generation pipeline, and its tokens by `generate`."""
@@ -110,9 +122,11 @@ def test_onnx_runtime_chats_like_pytorch(onnx_fp32: Path, pytorch_chat: tuple[st
     assert reply_of(pipeline("text-generation", model=model, tokenizer=tokenizer)) == reply
 
 
-def test_int8_export_validates_and_chats(journey: Path, tmp_path: Path) -> None:
-    """Steps 5-6, int8: the exporter checks the quantized graphs against PyTorch within its int8 tolerance; ONNX
-    Runtime then answers through the pipeline."""
+def test_int8_export_validates_and_chats(
+    journey: Path, tmp_path: Path, onnx_fp32: Path, pytorch_chat: tuple[str, list[int]]
+) -> None:
+    """Steps 5-6, int8: the export validates (exit 0, no skip), ONNX Runtime answers through the pipeline, and its
+    next-token distributions over the fp32 reply stay within a KL divergence bound of the fp32 export's."""
     output = tmp_path / "onnx-int8"
     model_dir = journey / "finetuned" / "model"
     status = vaswani_cli(
@@ -128,11 +142,14 @@ def test_int8_export_validates_and_chats(journey: Path, tmp_path: Path) -> None:
             "int8",
         ]
     )
-    if status == 1:
-        pytest.skip("the int8 export does not validate on this tiny model yet: its format changes in issue 10")
     assert status == 0
     tokenizer = AutoTokenizer.from_pretrained(output)
     model = OrtModelForCausalLM.from_pretrained(output)
     reply = reply_of(pipeline("text-generation", model=model, tokenizer=tokenizer))
-    assert isinstance(reply, str)
-    assert len(generated_tokens(model, tokenizer)) > 0
+    tokens = generated_tokens(model, tokenizer)
+    assert reply == tokenizer.decode(tokens, skip_special_tokens=True)
+    # Tokens are not compared: this tiny model's first reply token is a near-tie that int8 rounding may flip (it
+    # does on an AVX-512 CPU). Its distributions are: measured 3.5e-7 nats from fp32's over the reply; a broken scale
+    # or zero point moves them by whole nats, and other CPUs' int8 kernels by far less than the bound.
+    divergence = reply_divergence(OrtModelForCausalLM.from_pretrained(onnx_fp32), model, tokenizer, pytorch_chat[1])
+    assert divergence < 1e-3, f"int8 replies diverge from fp32's by {divergence:.3g} nats per token"
