@@ -28,6 +28,7 @@ from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPas
 
 from ...modeling import cache_keyword, cache_of
 from ...modeling.pretrained import merge_cache_arguments
+from .contract import positions_from_mask
 from .gqa_runtime import GqaDecoder, gqa_sample, is_gqa_form
 from .lean_steps import Step, lean_loop_fits, sample_tokens, torch_threads
 from .runtime import OrtModel, check_unsupported_arguments
@@ -340,9 +341,7 @@ class OrtModelForCausalLM(OrtModelForGeneration):
         values = {"input_ids": input_ids, "attention_mask": attention_mask, **dict(zip(self.past_names, past))}
         if "position_ids" in graph.inputs:
             if position_ids is None:
-                # As transformers' generate: count the real tokens; padding gets an arbitrary valid position.
-                positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
-                position_ids = positions[:, -length:]
+                position_ids = positions_from_mask(attention_mask)[:, -length:]  # as transformers' generate
             values["position_ids"] = position_ids
         values["logits_positions"] = logits_positions(logits_to_keep, length)
         return graph.prepare(values)
