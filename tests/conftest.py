@@ -49,6 +49,10 @@ TINY_ENCODER = {key: value for key, value in TINY_DECODER.items() if key not in 
 # and BART's models.
 TINY_SEQ2SEQ = dict(TINY_DECODER, decoder_start_token_id=2)
 
+# fp32 outputs of the tiny models that must agree (two backends, cached and uncached steps, converted checkpoints):
+# they differ only by summation order, a few float32 ulps.
+TOLERANCE = 1e-5
+
 # num_key_value_heads for the 4 query heads of TINY_DECODER.
 ATTENTION_SHAPES = {"mha": 4, "gqa": 2, "mqa": 1}
 

@@ -146,7 +146,6 @@ def exported(tmp_path_factory):
 
 # ------------------------------------------------------------------------------- the runtime and generation tests
 
-TOLERANCE = 1e-5
 PAD = 0
 HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers() and torch.cuda.is_available()
 

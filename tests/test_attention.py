@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import (
     POSITION_TYPES,
+    TOLERANCE,
     build_causal_lm,
     max_diff_where,
     padding_mask,
@@ -20,7 +21,6 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-TOLERANCE = 1e-5
 LENGTH = 10
 
 

@@ -6,6 +6,7 @@ converted model computes and generates what the source does.
 import json
 
 import torch
+from conftest import TOLERANCE
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 from transformers.testing_utils import CaptureLogger
 from transformers.utils import logging
@@ -14,7 +15,6 @@ from vaswani import VaswaniDecoderConfig, VaswaniForCausalLM
 from vaswani.conversion.checkpoints import convert_checkpoint
 from vaswani.modeling import configuration_shared
 
-TOLERANCE = 1e-5
 VOCAB, FAR_ID = 99, 50256  # GPT2Config's default bos/eos, far outside the tiny vocabulary
 
 

@@ -5,7 +5,7 @@ transformers' own BART, T5, LLaMA, GPT-2 and BERT get for the same weights (with
 
 import pytest
 import torch
-from conftest import build_model, random_ids, tiny_decoder_config, tiny_encoder_config, tiny_seq2seq_config
+from conftest import TOLERANCE, build_model, random_ids, tiny_decoder_config, tiny_encoder_config, tiny_seq2seq_config
 from test_conversion_parity import tiny_bart, tiny_bert, tiny_decoder, tiny_gpt2, tiny_t5
 from transformers import BartForConditionalGeneration, BertForMaskedLM, LlamaForCausalLM
 
@@ -20,7 +20,6 @@ from vaswani import (
 )
 from vaswani.conversion.checkpoints import from_transformers
 
-TOLERANCE = 1e-5
 OLD_VOCAB, NEW_VOCAB = 64, 75  # tiny configs' vocabulary, and one grown by 11 tokens
 REFERENCES = {
     "bart": lambda: tiny_bart(BartForConditionalGeneration, scale_embedding=False),

@@ -13,14 +13,21 @@ of the decoder must get the decoder's shapes, not the encoder's.
 
 import pytest
 import torch
-from conftest import POSITION_TYPES, build_model, padding_mask, random_ids, tiny_decoder_config, tiny_seq2seq_config
+from conftest import (
+    POSITION_TYPES,
+    TOLERANCE,
+    build_model,
+    padding_mask,
+    random_ids,
+    tiny_decoder_config,
+    tiny_seq2seq_config,
+)
 from test_conversion_parity import tiny_bart, tiny_decoder
 from transformers import BartForConditionalGeneration, CompileConfig, LlamaForCausalLM
 
 from vaswani import VaswaniForCausalLM, VaswaniForConditionalGeneration
 from vaswani.conversion.checkpoints import from_transformers
 
-TOLERANCE = 1e-5
 NEW_TOKENS = 6
 # eos_token_id=None: no row stops early, so every comparison covers all NEW_TOKENS steps.
 GREEDY = dict(do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None, return_dict_in_generate=True, output_logits=True)

@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import (
     POSITION_TYPES,
+    TOLERANCE,
     build_model,
     random_ids,
     tiny_decoder_config,
@@ -30,7 +31,6 @@ from vaswani import VaswaniForCausalLM, VaswaniForConditionalGeneration, Vaswani
 from vaswani.conversion.checkpoints import from_transformers
 
 ROOT = Path(__file__).resolve().parents[1]
-TOLERANCE = 1e-5
 FAMILIES = {
     "decoder": (VaswaniForCausalLM, lambda kind: tiny_decoder_config(position_embedding_type=kind, gated_ffn=True)),
     "encoder": (VaswaniForMaskedLM, lambda kind: tiny_encoder_config(position_embedding_type=kind)),

@@ -10,7 +10,7 @@ express is refused with every field that does not map.
 
 import pytest
 import torch
-from conftest import build_model, max_diff_where, padding_mask, random_ids
+from conftest import TOLERANCE, build_model, max_diff_where, padding_mask, random_ids
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -46,7 +46,6 @@ from vaswani import (
 from vaswani.conversion.checkpoints import PARITY_TOLERANCE, from_transformers, measure_parity, to_transformers
 from vaswani.conversion.checkpoints.t5 import state_dict_from_t5
 
-TOLERANCE = 1e-5  # fp32
 VOCAB = 64
 SOURCE_LENGTHS = [10, 6, 3]  # a full row and two padded ones
 PADDINGS = [None, "left", "right"]

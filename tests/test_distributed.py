@@ -25,7 +25,7 @@ import torch.distributed as dist
 import yaml
 from accelerate import FullyShardedDataParallelPlugin
 from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
-from conftest import tiny_decoder_config, tiny_encoder_config, tiny_seq2seq_config
+from conftest import TOLERANCE, tiny_decoder_config, tiny_encoder_config, tiny_seq2seq_config
 from safetensors.torch import load_file, save_file
 from test_finetune import finetune, finetune_argv, make_workspace
 from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -39,7 +39,6 @@ ACCELERATE_CONFIGS = ROOT / "docs" / "accelerate"
 STEPS, PER_RANK_BATCH, RANKS = 3, 4, 2
 TIMEOUT = 180  # seconds per launched run; a few steps take about 15 s on a loaded 2-core machine
 # DDP averages the ranks' gradients; one process sums the same terms in another order.
-TOLERANCE = 1e-5
 
 
 def launch_env() -> dict[str, str]:

@@ -11,6 +11,7 @@ import torch
 from conftest import (
     POSITION_TYPES,
     TINY_ENCODER,
+    TOLERANCE,
     build_model,
     max_diff_where,
     padding_mask,
@@ -39,7 +40,6 @@ from vaswani import (
 )
 from vaswani.tokenization import corpus_tokenizer
 
-TOLERANCE = 1e-5
 BATCH, LENGTH, NUM_LABELS = 2, 8, 3
 
 # Every head with the config changes it needs. Segment embeddings are on (BERT's type_vocab_size=2) so that they load,

@@ -12,10 +12,17 @@ import copy
 
 import pytest
 import torch
-from conftest import ATTENTION_SHAPES, POSITION_TYPES, build_causal_lm, padding_mask, random_ids, tiny_decoder_config
+from conftest import (
+    ATTENTION_SHAPES,
+    POSITION_TYPES,
+    TOLERANCE,
+    build_causal_lm,
+    padding_mask,
+    random_ids,
+    tiny_decoder_config,
+)
 from transformers import StaticCache
 
-TOLERANCE = 1e-5
 NEW_TOKENS = 8
 # eos_token_id=None: no row stops early, so every comparison covers all NEW_TOKENS steps.
 GREEDY = dict(

@@ -18,14 +18,13 @@ import torch
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")  # the exporter's dependency
 
-from conftest import build_model, padding_mask, random_ids, tiny_decoder_config  # noqa: E402
+from conftest import TOLERANCE, build_model, padding_mask, random_ids, tiny_decoder_config  # noqa: E402
 from onnx_cases import (  # noqa: E402
     DECODERS,
     GQA_DECODER,
     HAS_CUDA,
     PAD,
     SEQ2SEQ,
-    TOLERANCE,
     left_padded_prompts,
     right_padded_sources,
 )

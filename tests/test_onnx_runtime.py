@@ -14,8 +14,8 @@ import torch
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")  # the exporter's dependency
 
-from conftest import padding_mask, random_ids  # noqa: E402
-from onnx_cases import HAS_CUDA, PAD, TOLERANCE, left_padded_prompts  # noqa: E402
+from conftest import TOLERANCE, padding_mask, random_ids  # noqa: E402
+from onnx_cases import HAS_CUDA, PAD, left_padded_prompts  # noqa: E402
 from transformers import DynamicCache, pipeline  # noqa: E402
 from transformers.modeling_outputs import BaseModelOutput  # noqa: E402
 

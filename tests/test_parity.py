@@ -3,13 +3,12 @@
 
 import pytest
 import torch
-from conftest import ATTENTION_SHAPES, TINY_DECODER, max_diff_where, padding_mask, random_ids
+from conftest import ATTENTION_SHAPES, TINY_DECODER, TOLERANCE, max_diff_where, padding_mask, random_ids
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from vaswani import VaswaniForCausalLM
 from vaswani.conversion.checkpoints import from_transformers
 
-TOLERANCE = 1e-5  # fp32
 SPECIAL_TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 

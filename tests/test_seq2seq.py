@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import (
     POSITION_TYPES,
+    TOLERANCE,
     build_model,
     max_diff_where,
     padding_mask,
@@ -22,7 +23,6 @@ from transformers import AutoModel, AutoModelForSeq2SeqLM
 from vaswani import VaswaniForConditionalGeneration, VaswaniSeq2SeqConfig, VaswaniSeq2SeqModel
 from vaswani.modeling.seq2seq import shift_tokens_right
 
-TOLERANCE = 1e-5
 SOURCE_LENGTH, TARGET_LENGTH, NEW_TOKENS = 9, 6, 6
 PAD, START = 0, 2
 # eos_token_id=None: no row stops early, so every comparison covers all NEW_TOKENS steps.

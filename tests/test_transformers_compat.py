@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import (
     POSITION_TYPES,
+    TOLERANCE,
     build_model,
     random_ids,
     tiny_decoder_config,
@@ -35,7 +36,6 @@ from vaswani.modeling.layers import BIAS_FREE_POSITION_TYPES, carries_position_b
 
 STEPS = 4
 # fp32 logits of a 2-layer model: a cached step and a full recomputation differ only by summation order.
-TOLERANCE = 1e-5
 BIAS_TYPES = [kind for kind in POSITION_TYPES if kind not in BIAS_FREE_POSITION_TYPES]
 INSTALLED_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
