@@ -255,13 +255,13 @@ def save_loss_curve(log_history: list[dict], path: str | Path, title: str = "fin
     if not train and not evals:
         return None
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        # A Figure of its own, not pyplot: no backend is switched and no global figure state is touched in the
+        # caller's process (savefig renders PNG with Agg by itself).
+        from matplotlib.figure import Figure
     except ImportError:
         return None
-    figure, axes = plt.subplots(figsize=(7, 4))
+    figure = Figure(figsize=(7, 4))
+    axes = figure.subplots()
     if train:
         axes.plot(*zip(*train), label="train loss", linewidth=1, marker="." if len(train) < 30 else None)
     if evals:
@@ -273,7 +273,6 @@ def save_loss_curve(log_history: list[dict], path: str | Path, title: str = "fin
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
-    plt.close(figure)
     return Path(path)
 
 

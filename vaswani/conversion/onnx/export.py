@@ -429,8 +429,9 @@ def export_onnx(
                 fuse_decoder_attention_file(staging / spec.file)
         report = write_manifest_and_validate(quantization)
         manifest = load_manifest(staging)
+        mode = _default_file_mode(staging)
         for path in staging.iterdir():
-            path.chmod(0o666 & ~_umask())  # some writers create private files; the export is ordinary data
+            path.chmod(mode)  # some writers create private files; the export is ordinary data
     say(f"Wrote {output_dir}")
     return ExportResult(output_dir, manifest, report)
 
@@ -473,10 +474,15 @@ def _export_graphs(
     return graphs
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def _default_file_mode(folder: Path) -> int:
+    """The mode a new file gets in this process (0o666 less the umask), read from a probe file: asking `os.umask`
+    means setting it for a moment, which every other thread of the caller's process would see."""
+    probe = folder / ".mode-probe"
+    probe.touch(mode=0o666)
+    try:
+        return probe.stat().st_mode & 0o777
+    finally:
+        probe.unlink()
 
 
 def _opset(path: Path) -> int:
