@@ -222,8 +222,8 @@ def test_generate_batch_refuses_a_position_bias(position_embedding_type):
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 def test_set_attn_implementation_reaches_both_stacks_of_an_encoder_decoder(backend):
-    """transformers before 5.2x passed a new backend only to submodels whose config is of another class: the encoder
-    and decoder stacks (configs of the model's class) kept the old one."""
+    """transformers 5.14 passed a new backend only to submodels whose config is of another class: the encoder and
+    decoder stacks (configs of the model's class) kept the old one."""
     model = family_model("seq2seq", "rope", "sdpa" if backend == "eager" else "eager")
     model.set_attn_implementation(backend)
     stacks = [model.get_encoder(), model.get_decoder(), model.model, model]

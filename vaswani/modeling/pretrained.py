@@ -123,8 +123,8 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         """transformers' `set_attn_implementation`, reaching every stack.
 
         The stacks of an encoder-decoder hold configs of their own (`stack_config`) of the model's config class, and
-        transformers before 5.2x passes a new backend only to submodels whose config is of another class: the
-        encoder and decoder would go on running the old one.
+        transformers 5.14 (5.24 no longer) passes a new backend only to submodels whose config is of another class:
+        the encoder and decoder would go on running the old one.
 
         Example:
             >>> model.set_attn_implementation("eager")  # e.g. to return attention weights
