@@ -372,7 +372,7 @@ def _takes_position_bias(function: Callable) -> bool:
 def carries_position_bias(backend: str) -> bool:
     """Whether the attention function registered as `backend` adds a `position_bias` to its scores.
 
-    Known from its signature, not its name: transformers' sdpa integration takes `position_bias` only from 5.15; the
+    Known from its signature, not its name: transformers' sdpa integration takes `position_bias` only from 5.14; the
     flash kernels, `paged|eager` and vLLM's backend never do; and a function registered with
     `AttentionInterface.register` must declare the parameter to receive it (one that takes only `**kwargs` would
     silently drop it).
