@@ -360,7 +360,7 @@ BAD_REQUESTS = {
         400,
         "messages.0.content",
     ),
-    "unsupported feature": ("/v1/chat/completions", chat_body("Hi", logprobs=True), 400, "logprobs"),
+    "unsupported feature": ("/v1/chat/completions", chat_body("Hi", logit_bias={"5": 1.0}), 400, "logit_bias"),
     "embeddings of a decoder": ("/v1/embeddings", {"model": MODEL, "input": "Hi"}, 400, "embedding"),
     "unknown route": ("/v1/images/generations", {"model": MODEL}, 404, "Not Found"),
 }
@@ -411,12 +411,3 @@ def test_text_stream_deltas_add_up_to_the_decoded_text_cut_at_the_stop_string(to
         assert stream.stopped == bool(stop and stop[0] in decoded)
         assert not any("\ufffd" in piece for piece in pieces)
 
-
-def test_sampling_draws_only_from_the_nucleus():
-    from vaswani.serving.scheduler import sample_token
-
-    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
-    rng = np.random.default_rng(0)
-    draws = {sample_token(logits, 1.0, 0.75, rng) for _ in range(300)}
-    assert draws == {0, 1}  # 0.5 + 0.3 reach 0.75; 2 and 3 are outside
-    assert {sample_token(logits, 1.0, 1.0, rng) for _ in range(600)} == {0, 1, 2, 3}

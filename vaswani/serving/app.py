@@ -34,13 +34,17 @@ from .protocol import (
     CompletionRequest,
     EmbeddingRequest,
     OpenAIError,
+    TokenEntry,
+    chat_logprobs_body,
     chunk_body,
     completion_body,
     error_body,
     new_id,
+    text_logprobs_body,
     usage_body,
     usage_chunk_body,
 )
+from .sampling import TokenLogprobs
 from .scheduler import Event, QueueFull, SamplingParams, Sequence
 from .text import TextStream
 
@@ -85,14 +89,14 @@ def create_app(service: GenerationService | EncoderService) -> FastAPI:
         generation = generation_service(service, body.model, "chat completions")
         messages = [message.template_input() for message in body.messages]
         prompt = generation.chat_prompt(messages)
-        return await answer(request, generation, "chat", body, prompt, "messages")
+        return await answer(request, generation, "chat", body, [prompt], "messages")
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await parse(request, CompletionRequest)
         generation = generation_service(service, body.model, "completions")
-        prompt = generation.text_prompt(body.prompt)
-        return await answer(request, generation, "text", body, prompt, "prompt")
+        prompts = [generation.text_prompt(prompt) for prompt in body.prompts]
+        return await answer(request, generation, "text", body, prompts, "prompt")
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> dict[str, Any]:
@@ -196,21 +200,26 @@ def dispatcher() -> LoopDispatcher:
 
 
 class Answer:
-    """The sequences of one request (its `n` choices) and the queue their events arrive on, as (index, event)."""
+    """The sequences of one request (its `n` choices of each prompt, choice i on `prompts[i]` with `params[i]`) and
+    the queue their events arrive on, as (index, event)."""
 
-    def __init__(self, service: GenerationService, prompt: list[int], params: list[SamplingParams]):
-        self.service, self.prompt = service, prompt
+    def __init__(self, service: GenerationService, prompts: list[list[int]], params: list[SamplingParams]):
+        self.service, self.prompts = service, prompts
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         self.dispatcher = dispatcher()
         self.sequences: list[Sequence] = []
         try:
-            for index, choice_params in enumerate(params):
+            for index, (prompt, choice_params) in enumerate(zip(prompts, params)):
                 emit = self.emitter(index)
                 self.sequences.append(service.engine.submit(prompt, choice_params, emit))
-        except QueueFull as error:
+        except QueueFull:
             self.cancel()
+            engine = service.engine
+            # The request's own choices that were queued before the limit are not others' waiting requests.
+            others = sum(1 for sequence in list(engine.waiting) if sequence not in self.sequences)
             raise OpenAIError(
-                f"The server is at capacity: {error} Retry after {RETRY_AFTER_SECONDS} s.",
+                f"The server is at capacity: {others} other requests are waiting (the limit is {engine.max_waiting}) "
+                f"and this one asks for {len(params)} sequences. Retry after {RETRY_AFTER_SECONDS} s.",
                 status=429,
                 type="rate_limit_error",
                 code="queue_full",
@@ -226,9 +235,11 @@ class Answer:
             if index is None or i == index:
                 self.service.engine.cancel(sequence)
 
-    async def events(self, streams: list[TextStream]) -> AsyncIterator[tuple[int, str, str | None]]:
-        """(choice index, new text, finish reason or None) until every choice finished; a stop string cancels its
-        sequence and finishes the choice with "stop"."""
+    async def events(
+        self, streams: list[TextStream]
+    ) -> AsyncIterator[tuple[int, str, str | None, tuple[int, TokenLogprobs] | None]]:
+        """(choice index, new text, finish reason or None, (token, its log probabilities) where asked for) until every
+        choice finished; a stop string cancels its sequence and finishes the choice with "stop"."""
         pending = len(self.sequences)
         while pending:
             index, event = await self.queue.get()
@@ -245,47 +256,91 @@ class Answer:
             if reason is not None:
                 delta += stream.flush()
                 pending -= 1
-            yield index, delta, reason
+            logprobs = (event.token, event.logprobs) if event.logprobs is not None else None
+            yield index, delta, reason, logprobs
 
 
 def sampling_params(service: GenerationService, body: Any, max_tokens: int) -> list[SamplingParams]:
-    return [
-        SamplingParams(
-            max_tokens=max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            seed=None if body.seed is None else body.seed + index,
-            stop_token_ids=service.eos_token_ids,
-            ignore_eos=body.ignore_eos,
+    """The engine's parameters of the request's `n` choices (of one prompt): choice j's seed is seed + j."""
+    try:
+        return [
+            SamplingParams(
+                max_tokens=max_tokens,
+                temperature=body.temperature,
+                top_p=body.top_p,
+                top_k=body.top_k,
+                min_p=body.min_p,
+                repetition_penalty=body.repetition_penalty,
+                presence_penalty=body.presence_penalty,
+                frequency_penalty=body.frequency_penalty,
+                seed=None if body.seed is None else body.seed + index,
+                stop_token_ids=service.eos_token_ids,
+                ignore_eos=body.ignore_eos,
+                logprobs=body.alternatives,
+            )
+            for index in range(body.n)
+        ]
+    except ValueError as error:  # the request model checks the same ranges; this is the engine's own guard
+        raise OpenAIError(f"Invalid sampling parameters: {error}.") from None
+
+
+def token_entry(tokenizer: Any, token: int, logprobs: TokenLogprobs) -> TokenEntry:
+    """A token's log probabilities with the texts of the token and its alternatives, as the bodies take them."""
+    top = [(tokenizer.decode([best]), value) for best, value in logprobs.top]
+    return tokenizer.decode([token]), logprobs.logprob, top
+
+
+def logprobs_body(kind: str, entries: list[TokenEntry], offset: int) -> dict[str, Any]:
+    return chat_logprobs_body(entries) if kind == "chat" else text_logprobs_body(entries, offset)
+
+
+async def answer(
+    request: Request, service: GenerationService, kind: str, body: Any, prompts: list[list[int]], param: str
+):
+    """Generate `body.n` choices for each of `prompts`; choice j of prompt i has index i * n + j, as in OpenAI's API."""
+    capacity = service.engine.max_batch + service.engine.max_waiting
+    if len(prompts) * body.n > capacity:
+        raise OpenAIError(
+            f"This request asks for {len(prompts) * body.n} sequences ({len(prompts)} prompts x n={body.n}); this "
+            f"server runs and queues {capacity} at most. Send fewer prompts or a smaller n.",
+            param="n",
         )
-        for index in range(body.n)
-    ]
-
-
-async def answer(request: Request, service: GenerationService, kind: str, body: Any, prompt: list[int], param: str):
-    max_tokens = service.check(prompt, body.token_limit, param)
-    run = Answer(service, prompt, sampling_params(service, body, max_tokens))
+    choice_prompts, params = [], []
+    for prompt in prompts:
+        max_tokens = service.check(prompt, body.token_limit, param)
+        choice_prompts += [prompt] * body.n
+        params += sampling_params(service, body, max_tokens)
+    run = Answer(service, choice_prompts, params)
+    prompt_tokens = sum(map(len, prompts))  # each prompt once, however many choices it has (as OpenAI counts)
     streams = [TextStream(service.tokenizer, body.stop) for _ in run.sequences]
-    prefix = service.tokenizer.decode(prompt, skip_special_tokens=True) if getattr(body, "echo", False) else ""
+    echo = getattr(body, "echo", False)
+    prefixes = [service.tokenizer.decode(prompt, skip_special_tokens=True) if echo else "" for prompt in choice_prompts]
+    with_logprobs = body.alternatives is not None
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         return StreamingResponse(
-            stream_events(run, streams, kind, service.name, prefix, include_usage),
+            stream_events(run, streams, kind, service.name, prefixes, include_usage, prompt_tokens, with_logprobs),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     watcher = asyncio.create_task(cancel_on_disconnect(request, run))
     try:
-        texts, reasons = [prefix] * len(streams), [None] * len(streams)
-        async for index, delta, reason in run.events(streams):
+        texts, reasons = list(prefixes), [None] * len(streams)
+        entries: list[list[TokenEntry]] = [[] for _ in streams]
+        async for index, delta, reason, logprobs in run.events(streams):
             texts[index] += delta
             reasons[index] = reason or reasons[index]
+            if logprobs is not None:
+                entries[index].append(token_entry(service.tokenizer, *logprobs))
     finally:
         watcher.cancel()
         run.cancel()
-    usage = usage_body(len(prompt), sum(len(stream.tokens) for stream in streams))
+    usage = usage_body(prompt_tokens, sum(len(stream.tokens) for stream in streams))
+    bodies = None
+    if with_logprobs:
+        bodies = [logprobs_body(kind, tokens, len(prefix)) for tokens, prefix in zip(entries, prefixes)]
     return completion_body(
-        kind, new_id("chatcmpl" if kind == "chat" else "cmpl"), service.name, list(zip(texts, reasons)), usage
+        kind, new_id("chatcmpl" if kind == "chat" else "cmpl"), service.name, list(zip(texts, reasons)), usage, bodies
     )
 
 
@@ -297,26 +352,44 @@ async def cancel_on_disconnect(request: Request, run: Answer) -> None:
 
 
 async def stream_events(
-    run: Answer, streams: list[TextStream], kind: str, model: str, prefix: str, include_usage: bool
+    run: Answer,
+    streams: list[TextStream],
+    kind: str,
+    model: str,
+    prefixes: list[str],
+    include_usage: bool,
+    prompt_tokens: int,
+    with_logprobs: bool = False,
 ) -> AsyncIterator[str]:
     """The server-sent events of a streamed answer. When the client disconnects, Starlette cancels this generator at
-    an await, and `finally` cancels the sequences."""
+    an await, and `finally` cancels the sequences. A token's log probabilities go out with the chunk that carries its
+    text (a token whose text is held back, an incomplete character or a possible stop string, waits for it)."""
     id, created = new_id("chatcmpl" if kind == "chat" else "cmpl"), int(time.time())
+    tokenizer = run.service.tokenizer
+    pending: list[list[TokenEntry]] = [[] for _ in streams]
+    offsets = [len(prefix) for prefix in prefixes]
     try:
         for index in range(len(streams)):
             if kind == "chat":
                 yield sse(chunk_body(kind, id, created, model, index, "", role=True))
-            elif prefix:
-                yield sse(chunk_body(kind, id, created, model, index, prefix))
+            elif prefixes[index]:
+                yield sse(chunk_body(kind, id, created, model, index, prefixes[index]))
         try:
-            async for index, delta, reason in run.events(streams):
+            async for index, delta, reason, logprobs in run.events(streams):
+                if logprobs is not None:
+                    pending[index].append(token_entry(tokenizer, *logprobs))
                 if delta or reason is not None:
-                    yield sse(chunk_body(kind, id, created, model, index, delta, reason))
+                    body = None
+                    if with_logprobs:
+                        body = logprobs_body(kind, pending[index], offsets[index])
+                        offsets[index] += sum(len(text) for text, _, _ in pending[index])
+                        pending[index] = []
+                    yield sse(chunk_body(kind, id, created, model, index, delta, reason, logprobs=body))
         except OpenAIError as error:
             yield sse(error.body())
             return
         if include_usage:
-            usage = usage_body(len(run.prompt), sum(len(stream.tokens) for stream in streams))
+            usage = usage_body(prompt_tokens, sum(len(stream.tokens) for stream in streams))
             yield sse(usage_chunk_body(kind, id, created, model, usage))
         yield "data: [DONE]\n\n"
     finally:

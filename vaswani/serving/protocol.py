@@ -1,23 +1,32 @@
 """The OpenAI API's request and response shapes (the subset `vaswani serve` answers) and its error bodies.
 
 Requests are pydantic models that reject what the server cannot honour instead of ignoring it: an unknown field, a
-field of the wrong type, `max_tokens` <= 0 or a feature that is not implemented (log probabilities, tools, penalties)
-each end in a 400 whose body names the field, in OpenAI's error shape:
+field of the wrong type or out of range (the sampling values are checked as vLLM checks them, non-finite numbers
+included), or a feature that is not implemented (`logit_bias`, `tools`, a JSON `response_format`) each end in a 400
+whose body names the field, in OpenAI's error shape:
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens", "code": null}}
 
-Responses are plain dicts built by the helpers at the end (`completion_body`, `chunk_body`), so a streamed chunk costs
-one `json.dumps` and no model validation.
+Besides OpenAI's fields, the completion routes take vLLM's sampling extensions that clients written for vLLM send:
+`top_k`, `min_p`, `repetition_penalty` and `ignore_eos`.
+
+Responses are plain dicts built by the helpers at the end (`completion_body`, `chunk_body`, and the two log
+probability shapes: `chat_logprobs_body`, `text_logprobs_body`), so a streamed chunk costs one `json.dumps` and no
+model validation.
 """
 
 import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-MAX_STOP_SEQUENCES = 4  # as OpenAI's API
+from .sampling import MAX_LOGPROBS
+
+# OpenAI's API takes 4 stop strings; vLLM takes any number. A bound keeps the per-token check cheap.
+MAX_STOP_SEQUENCES = 64
 MAX_CHOICES = 16
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions route's bound (OpenAI's)
 
 
 class OpenAIError(Exception):
@@ -46,17 +55,23 @@ def error_body(message: str, type: str = "invalid_request_error", param: str | N
 
 class StrictModel(BaseModel):
     """Unknown fields are errors (a misspelt `max_token` must not silently do nothing); so are lax conversions
-    ("8" for an integer)."""
+    ("8" for an integer) and non-finite numbers (NaN, Infinity)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
+class ResponseFormat(StrictModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
 class SamplingFields(StrictModel):
-    """The fields both completion routes share."""
+    """The fields both completion routes share; ranges as vLLM checks them (temperature 0 is greedy; a positive one
+    below 0.01 is raised to 0.01 by `SamplingParams`)."""
 
     model: str
     max_tokens: int | None = Field(default=None, description="new tokens at most; default: up to the context")
@@ -68,13 +83,22 @@ class SamplingFields(StrictModel):
     stop: str | list[str] | None = None
     seed: int | None = None
     user: str | None = None
-    # Accepted at their no-op values only (clients send the defaults explicitly); anything else is a 400.
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logprobs: bool | None = None
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    # vLLM's extensions: top_k -1 or 0 is off.
+    top_k: int = Field(default=0, ge=-1)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
     # vLLM's extension, for benchmarks that need answers of a fixed length.
     ignore_eos: bool = False
+    response_format: ResponseFormat | None = None
+    # Accepted at their no-op values only (clients send the defaults explicitly); anything else is a 400.
+    logit_bias: dict[str, float] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
     @field_validator("max_tokens")
     @classmethod
@@ -88,20 +112,28 @@ class SamplingFields(StrictModel):
     def _stop_list(cls, value: str | list[str] | None) -> list[str]:
         stops = [value] if isinstance(value, str) else list(value or [])
         if len(stops) > MAX_STOP_SEQUENCES or any(not stop for stop in stops):
-            raise ValueError(f"stop takes up to {MAX_STOP_SEQUENCES} non-empty strings, got {value!r}")
+            raise ValueError(f"stop takes up to {MAX_STOP_SEQUENCES} non-empty strings, got {len(stops)}")
         return stops
 
+    @field_validator("logit_bias", "tools", "tool_choice", "functions", "function_call")
+    @classmethod
+    def _unsupported(cls, value: Any, info: ValidationInfo) -> Any:
+        if value and value != "none":  # an empty list or "none" asks for nothing: clients send them as defaults
+            raise ValueError(f"{info.field_name} is not supported by this server; leave it unset")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_format(cls, value: ResponseFormat | None) -> ResponseFormat | None:
+        if value is not None and value.type != "text":
+            raise ValueError(
+                f"response_format {value.type!r} is not supported by this server (it has no constrained decoding); "
+                'leave it unset or send {"type": "text"}'
+            )
+        return value
+
     @model_validator(mode="after")
-    def _supported(self):
-        unsupported = {
-            "presence_penalty": self.presence_penalty != 0,
-            "frequency_penalty": self.frequency_penalty != 0,
-            "logprobs": bool(self.logprobs),
-            "logit_bias": bool(self.logit_bias),
-        }
-        for name, used in unsupported.items():
-            if used:
-                raise ValueError(f"{name} is not supported by this server; leave it unset")
+    def _stream_options_need_stream(self):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options needs stream: true")
         return self
@@ -126,6 +158,8 @@ class ChatMessage(StrictModel):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None  # the newer name of max_tokens
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
     @field_validator("max_completion_tokens")
     @classmethod
@@ -134,26 +168,57 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError(f"max_completion_tokens must be at least 1, got {value}")
         return value
 
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    @property
+    def alternatives(self) -> int | None:
+        """The alternatives reported per token (None: no log probabilities)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] = Field(description="one prompt: a string or a list of token ids")
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="a prompt (a string or a list of token ids) or a list of prompts"
+    )
     echo: bool = False
     max_tokens: int | None = 16  # OpenAI's default for this route
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
 
     @field_validator("prompt")
     @classmethod
-    def _non_empty(cls, value: str | list[int]) -> str | list[int]:
-        if len(value) == 0:
-            raise ValueError("prompt is empty")
+    def _non_empty(cls, value):
+        if len(value) == 0 or any(not isinstance(prompt, int) and len(prompt) == 0 for prompt in value):
+            raise ValueError("prompt is empty, or holds an empty prompt")
         return value
+
+    @model_validator(mode="after")
+    def _echo_without_logprobs(self):
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs (the prompt's log probabilities) is not supported; drop one of them")
+        return self
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, one entry each: a string or a list of token ids."""
+        if isinstance(self.prompt, str) or isinstance(self.prompt[0], int):
+            return [self.prompt]
+        return list(self.prompt)
 
     @property
     def token_limit(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def alternatives(self) -> int | None:
+        return self.logprobs
 
 
 class EmbeddingRequest(StrictModel):
@@ -192,19 +257,26 @@ def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def completion_body(
-    kind: Literal["chat", "text"], id: str, model: str, choices: list[tuple[str, str]], usage: dict[str, int]
+    kind: Literal["chat", "text"],
+    id: str,
+    model: str,
+    choices: list[tuple[str, str]],
+    usage: dict[str, int],
+    logprobs: list[dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
-    """A whole (non-streamed) answer; `choices` holds (text, finish_reason) per choice."""
+    """A whole (non-streamed) answer; `choices` holds (text, finish_reason) per choice, `logprobs` each choice's log
+    probabilities body (`chat_logprobs_body`, `text_logprobs_body`) where they were asked for."""
+    logprobs = logprobs or [None] * len(choices)
     if kind == "chat":
         entries = [
-            {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": reason, "logprobs": None}
-            for i, (text, reason) in enumerate(choices)
+            {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": reason, "logprobs": lp}
+            for i, ((text, reason), lp) in enumerate(zip(choices, logprobs))
         ]
         obj = "chat.completion"
     else:
         entries = [
-            {"index": i, "text": text, "finish_reason": reason, "logprobs": None}
-            for i, (text, reason) in enumerate(choices)
+            {"index": i, "text": text, "finish_reason": reason, "logprobs": lp}
+            for i, ((text, reason), lp) in enumerate(zip(choices, logprobs))
         ]
         obj = "text_completion"
     return {"id": id, "object": obj, "created": int(time.time()), "model": model, "choices": entries, "usage": usage}
@@ -219,18 +291,50 @@ def chunk_body(
     text: str | None,
     finish_reason: str | None = None,
     role: bool = False,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One server-sent event of a streamed answer, in OpenAI's chunk format."""
+    """One server-sent event of a streamed answer, in OpenAI's chunk format; `logprobs`: those of the tokens whose
+    text this chunk carries."""
     if kind == "chat":
         delta: dict[str, str] = {"role": "assistant"} if role else {}
         if text is not None:
             delta["content"] = text
-        choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+        choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": index, "text": text or "", "finish_reason": finish_reason, "logprobs": None}
+        choice = {"index": index, "text": text or "", "finish_reason": finish_reason, "logprobs": logprobs}
         obj = "text_completion"
     return {"id": id, "object": obj, "created": created, "model": model, "choices": [choice]}
+
+
+# A token's log probability as the bodies take it: (the token's text, its log probability, the most likely tokens'
+# (text, log probability), best first).
+TokenEntry = tuple[str, float, list[tuple[str, float]]]
+
+
+def chat_logprobs_body(tokens: list[TokenEntry]) -> dict[str, Any]:
+    """The chat route's `logprobs`: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}."""
+
+    def entry(text: str, logprob: float) -> dict[str, Any]:
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    return {"content": [entry(text, lp) | {"top_logprobs": [entry(*best) for best in top]} for text, lp, top in tokens]}
+
+
+def text_logprobs_body(tokens: list[TokenEntry], offset: int) -> dict[str, Any]:
+    """The completions route's (legacy) `logprobs`: parallel lists of the tokens, their log probabilities, a
+    {text: log probability} map of the most likely tokens each, and each token's offset in the choice's text, the
+    first at `offset`."""
+    offsets = []
+    for text, _, _ in tokens:
+        offsets.append(offset)
+        offset += len(text)
+    return {
+        "tokens": [text for text, _, _ in tokens],
+        "token_logprobs": [lp for _, lp, _ in tokens],
+        "top_logprobs": [dict(top) for _, _, top in tokens],
+        "text_offset": offsets,
+    }
 
 
 def usage_chunk_body(kind: Literal["chat", "text"], id: str, created: int, model: str, usage: dict[str, int]):

@@ -10,8 +10,9 @@ number of joining prompts per running sequence (rounded up), so that a burst of 
 per step beside one running sequence. With nothing running, the prompts are prefilled in one call, as offline
 `generate` prefills a batch.
 
-Tokens are chosen per row: greedy (argmax, as `generate`'s greedy search) or sampled with the row's temperature and
-top-p from the row's own random generator (its `seed`), so rows never influence each other's tokens.
+Tokens are chosen per row by `sampling.choose_tokens`: greedy (argmax, as `generate`'s greedy search) or sampled as
+`generate` samples, from the row's own random generator (its `seed`), so rows never influence each other's tokens; a
+row whose choice fails ends alone, with an error event, and the others go on.
 
 Each new token is handed to the sequence's `emit` callback on the engine thread; the server's callback moves it to
 its asyncio loop. ONNX Runtime releases the GIL while a step runs, so the event loop serves HTTP meanwhile.
@@ -34,6 +35,8 @@ from typing import Any
 import numpy as np
 
 from .engine import PrefillGroup, RunningBatch
+from .sampling import RowSampler, SamplingParams, TokenChoice, TokenLogprobs
+from .sampling import choose_tokens as choose_row_tokens
 
 log = logging.getLogger(__name__)
 
@@ -43,25 +46,15 @@ class QueueFull(Exception):
 
 
 @dataclass
-class SamplingParams:
-    """How one sequence chooses its tokens and when it stops (`temperature` 0: greedy)."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop_token_ids: frozenset[int] = frozenset()
-    ignore_eos: bool = False
-
-
-@dataclass
 class Event:
     """What the engine tells a sequence's owner: a new `token`, and with the last one the `finish_reason` ("stop":
-    an end-of-sequence token, "length": `max_tokens` or the context reached, "error": see `error`)."""
+    an end-of-sequence token, "length": `max_tokens` or the context reached, "error": see `error`), and the token's
+    `logprobs` where the sequence asked for them."""
 
     token: int | None
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: TokenLogprobs | None = None  # with `SamplingParams.logprobs` set
 
 
 @dataclass(eq=False)
@@ -75,8 +68,7 @@ class Sequence:
     finished: bool = False
 
     def __post_init__(self) -> None:
-        seed = self.params.seed
-        self.rng = np.random.default_rng(None if seed is None else seed % 2**64)  # any integer, as OpenAI's seed
+        self.sampler = RowSampler(self.prompt, self.params)
 
     @property
     def position(self) -> int:
@@ -254,8 +246,12 @@ class Engine:
         finally:
             self.seconds[part] += time.perf_counter() - start
 
-    def _accept(self, sequences: list[Sequence], tokens: np.ndarray) -> None:
-        for sequence, token in zip(sequences, tokens.tolist()):
+    def _accept(self, sequences: list[Sequence], choices: list[TokenChoice]) -> None:
+        for sequence, choice in zip(sequences, choices):
+            if choice.error is not None:  # this sequence alone fails; the others keep their tokens
+                self._finish(sequence, Event(None, "error", f"choosing sequence {sequence.id}'s token: {choice.error}"))
+                continue
+            token = choice.token
             sequence.generated.append(token)
             params = sequence.params
             reason = None
@@ -264,9 +260,9 @@ class Engine:
             elif len(sequence.generated) >= params.max_tokens or sequence.position + 1 >= self.model.context_length:
                 reason = "length"
             if reason is None:
-                sequence.emit(Event(token))
+                sequence.emit(Event(token, logprobs=choice.logprobs))
             else:
-                self._finish(sequence, Event(token, reason))
+                self._finish(sequence, Event(token, reason, logprobs=choice.logprobs))
 
     def _finish(self, sequence: Sequence, event: Event) -> None:
         sequence.finished = True
@@ -281,25 +277,7 @@ class Engine:
                 self._finish(sequence, Event(None, "error", message))
 
 
-def choose_tokens(logits: np.ndarray, sequences: list[Sequence]) -> np.ndarray:
-    """The next token of each row of `logits` (batch, vocab): argmax for greedy rows (the first maximum, as
-    `torch.argmax`), a draw from the row's generator for sampled ones."""
-    tokens = logits.argmax(axis=-1)
-    for row, sequence in enumerate(sequences):
-        if sequence.params.temperature > 0:
-            tokens[row] = sample_token(logits[row], sequence.params.temperature, sequence.params.top_p, sequence.rng)
-    return tokens
-
-
-def sample_token(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator) -> int:
-    """A token drawn from softmax(logits / temperature), restricted to the most probable tokens whose probabilities
-    sum to at least `top_p` (nucleus sampling; the most probable token is always kept)."""
-    scores = logits.astype(np.float64) / temperature
-    probabilities = np.exp(scores - scores.max())
-    probabilities /= probabilities.sum()
-    if top_p < 1.0:
-        order = np.argsort(-probabilities, kind="stable")
-        cumulative = np.cumsum(probabilities[order])
-        kept = order[: int(np.searchsorted(cumulative, top_p)) + 1]
-        return int(kept[rng.choice(len(kept), p=probabilities[kept] / probabilities[kept].sum())])
-    return int(rng.choice(len(probabilities), p=probabilities))
+def choose_tokens(logits: np.ndarray, sequences: list[Sequence]) -> list[TokenChoice]:
+    """The next token of each row of `logits` (batch, vocab), chosen by its sequence's sampler; a row that fails gets
+    its error instead (see `sampling.choose_tokens`)."""
+    return choose_row_tokens(logits, [sequence.sampler for sequence in sequences])

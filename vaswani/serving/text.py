@@ -29,13 +29,11 @@ class TextStream:
             return ""
         self.tokens.append(token)
         self.text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        for stop in self.stop:
-            # Only where the new text could have completed it: earlier text was checked already.
-            at = self.text.find(stop, max(0, self.sent - len(stop) + 1))
-            if at != -1:
-                self.stopped = True
-                self.text = self.text[:at]
-                return self._take(len(self.text))
+        at = earliest_stop(self.text, self.stop, self.sent)
+        if at is not None:
+            self.stopped = True
+            self.text = self.text[:at]
+            return self._take(len(self.text))
         safe = len(self.text)
         if self.text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for its other bytes
             safe = len(self.text.rstrip("\ufffd"))
@@ -59,3 +57,11 @@ class TextStream:
                     held = size
                     break
         return held
+
+
+def earliest_stop(text: str, stops: list[str], sent: int) -> int | None:
+    """Where `text` is cut: the start of the earliest stop string in it (not the first of the list: with ["e", "th"],
+    "I saw the" ends before "th"), or None. Only matches the text after the first `sent` characters could have
+    completed are looked for: the text before was checked already."""
+    starts = [text.find(stop, max(0, sent - len(stop) + 1)) for stop in stops]
+    return min((start for start in starts if start != -1), default=None)
