@@ -8,6 +8,7 @@ log probabilities); offline greedy `generate` (the answers of requests batched b
 
 import asyncio
 import json
+import math
 import threading
 
 import httpx
@@ -132,6 +133,38 @@ def test_seeded_engine_answer_equals_generate_with_the_same_values(offline, toke
     assert served != generate_sampled(offline, prompt, seed, 40, **plain) or values == plain
 
 
+def test_presence_and_frequency_penalties_follow_openais_definition():
+    """score - presence * [count > 0] - frequency * count, counting the answer's tokens only (not the prompt's)."""
+    from collections import Counter
+
+    from vaswani.serving.sampling import PresenceFrequencyPenalty
+
+    prompt, answer = [1, 2, 3], [4, 4, 4, 2, 7]
+    scores = torch.randn(1, 10, generator=torch.Generator().manual_seed(0))
+    penalized = PresenceFrequencyPenalty(0.5, 0.25, len(prompt))(torch.tensor([prompt + answer]), scores.clone())
+    counts = Counter(answer)
+    expected = [
+        value - (0.5 + 0.25 * counts[token] if counts[token] else 0.0) for token, value in enumerate(scores[0].tolist())
+    ]
+    assert penalized[0].tolist() == pytest.approx(expected)
+
+
+def test_engine_parameters_are_checked_and_a_tiny_temperature_is_floored():
+    assert SamplingParams(max_tokens=1, temperature=1e-320).temperature == 0.01  # vLLM's floor
+    assert SamplingParams(max_tokens=1, temperature=0.0).temperature == 0.0  # greedy stays greedy
+    for field, value in [
+        ("temperature", math.nan),
+        ("temperature", 3.0),
+        ("top_p", 0.0),
+        ("min_p", -0.1),
+        ("repetition_penalty", 0.0),
+        ("presence_penalty", math.inf),
+        ("top_k", -5),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            SamplingParams(max_tokens=1, **{field: value})
+
+
 def test_seeded_answers_over_http_equal_generate(server, offline, tokenizer):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
     prompt = tokenizer("Once upon a time")["input_ids"]
@@ -231,12 +264,12 @@ def test_a_row_whose_token_choice_raises_fails_alone(offline, tokenizer, monkeyp
         (prompt, SamplingParams(max_tokens=20, temperature=0)) for prompt in prompts[1:]
     ]
     results = run_engine(OrtStepModel(offline), requests)
-    tokens, reason, error = results[0]
-    assert (len(tokens), reason) == (after, "error")
-    assert "multinomial" in error or "probability" in error
     for prompt, (tokens, _, error) in zip(prompts[1:], results[1:]):
         assert error is None
         assert tokens == offline_answer(offline, tokenizer, prompt, 20)[1]
+    tokens, reason, error = results[0]
+    assert (len(tokens), reason) == (after, "error")
+    assert "sequence 0" in error and "nan" in error.lower()
 
 
 def test_a_poisoned_request_sent_with_innocent_ones_over_http(server, offline, tokenizer):
@@ -434,13 +467,16 @@ def test_the_429_message_does_not_count_the_requests_own_choices(folders):
 def test_stop_strings_cut_at_the_earliest_match_not_the_first_listed(tokenizer):
     """stop=["e", "th"] on "I saw the" ends before "th" (index 6), not before "e" (index 8), whichever is listed
     first and however the tokenizer splits the text."""
-    from vaswani.serving.text import earliest_stop
-
     text = "I saw the cat and the dog."
     tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert tokenizer.decode(tokens) == text
-    for stops, expected in ((["e", "th"], "I saw "), (["th", "e"], "I saw "), (["dog", "cat"], "I saw the ")):
-        assert earliest_stop(text, stops, 0) == len(expected)
+    cases = ((["e", "th"], "I saw "), (["th", "e"], "I saw "), (["dog", "cat"], "I saw the "))
+    for stops, expected in cases:
         stream = TextStream(tokenizer, stops)
         pieces = [stream.add(token) for token in tokens] + [stream.flush()]
         assert "".join(pieces) == expected and stream.stopped
+
+    from vaswani.serving.text import earliest_stop
+
+    for stops, expected in cases:
+        assert earliest_stop(text, stops, 0) == len(expected)
