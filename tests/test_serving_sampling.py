@@ -448,17 +448,29 @@ def test_completion_logprobs_past_5_and_more_sequences_than_the_server_holds_get
 
 
 def test_the_429_message_does_not_count_the_requests_own_choices(folders):
-    """With one sequence running and room for one waiting, a request for n=2 queues its first choice and is refused
-    on its second: nobody else is waiting, and the message says so."""
+    """One slot, held by a running sequence (its second token's callback blocks the engine), and room for one
+    waiting: a request for n=2 queues its first choice and is refused on its second. Nobody else is waiting, and the
+    message says so."""
     service = load_service(folders[1], threads=1, max_batch=1, max_waiting=1)
-    long = chat(max_tokens=1500, ignore_eos=True, stream=True, temperature=0)
-    with serving(create_app(service)) as running, httpx.Client(base_url=running.url, timeout=30) as http:
-        with http.stream("POST", "/v1/chat/completions", json=long) as first:
-            assert first.status_code == 200
-            next(first.iter_lines())
-            refused = http.post("/v1/chat/completions", json=chat(max_tokens=2, n=2))
-            assert refused.status_code == 429
-            assert "0 other requests are waiting" in refused.json()["error"]["message"]
+    tokens, holding, release = [], threading.Event(), threading.Event()
+
+    def emit(event):
+        tokens.append(event.token)
+        if len(tokens) == 2:
+            holding.set()
+            release.wait(30)
+
+    with serving(create_app(service)) as running:
+        blocker = service.engine.submit([5, 6, 7], SamplingParams(max_tokens=100, temperature=0), emit)
+        try:
+            assert holding.wait(30)
+            refused = httpx.post(running.url + "/v1/chat/completions", json=chat(max_tokens=2, n=2), timeout=30)
+        finally:
+            service.engine.cancel(blocker)
+            release.set()
+        assert refused.status_code == 429
+        assert "0 other requests are waiting" in refused.json()["error"]["message"]
+        assert httpx.post(running.url + "/v1/chat/completions", json=chat(max_tokens=2), timeout=30).status_code == 200
 
 
 # ------------------------------------------------------------------------------------------------------ stop strings

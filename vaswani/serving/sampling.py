@@ -36,6 +36,8 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from ..conversion.onnx.lean_steps import torch_threads
+
 log = logging.getLogger(__name__)
 
 # vLLM's floor: a positive temperature below it is raised to it, so that logits / temperature stays finite (1e-320
@@ -202,16 +204,25 @@ def choose_tokens(logits: np.ndarray, samplers: list[RowSampler]) -> list[TokenC
     penalties take the batch's argmax (the first maximum, as `torch.argmax`), the others go through their sampler.
     A row whose choice raises gets a `TokenChoice` with the error; the others are not affected."""
     argmax = logits.argmax(axis=-1).tolist() if any(sampler.plain for sampler in samplers) else None
-    choices = []
-    for row, sampler in enumerate(samplers):
-        try:
-            token = argmax[row] if sampler.plain else sampler.choose(logits[row])
-            logprobs = None
-            if sampler.params.logprobs is not None:
-                logprobs = token_logprobs(logits[row], token, sampler.params.logprobs)
-            sampler.record(token)
-            choices.append(TokenChoice(token, logprobs))
-        except Exception as error:  # this row alone fails: its sequence ends with the error, the batch goes on
-            log.exception("choosing a token failed for one row")
-            choices.append(TokenChoice(None, None, f"{type(error).__name__}: {error}"))
-    return choices
+    if all(sampler.plain and sampler.params.logprobs is None for sampler in samplers):
+        return [TokenChoice(token) for token in argmax]  # greedy rows only: no torch work, nothing that can raise
+    # One torch thread, as in the lean generate loop: each row's work is on one vocabulary-wide vector, which gains
+    # nothing from threads, and torch's OpenMP workers compete for the cores with ONNX Runtime's (on a loaded 2-core
+    # machine, a sampled row of a 49k vocabulary took 50 ms with 2 torch threads, 3 ms with one, most of it the
+    # vocabulary-wide exponential draw inside `torch.multinomial`, which `generate` makes too).
+    with torch_threads(1):
+        return [choose_row(logits, row, sampler, argmax) for row, sampler in enumerate(samplers)]
+
+
+def choose_row(logits: np.ndarray, row: int, sampler: RowSampler, argmax: list[int] | None) -> TokenChoice:
+    """Row `row`'s token (from `argmax` for a plain greedy row) and log probabilities, or the error that stopped it."""
+    try:
+        token = argmax[row] if sampler.plain else sampler.choose(logits[row])
+        logprobs = None
+        if sampler.params.logprobs is not None:
+            logprobs = token_logprobs(logits[row], token, sampler.params.logprobs)
+        sampler.record(token)
+        return TokenChoice(token, logprobs)
+    except Exception as error:  # this row alone fails: its sequence ends with the error, the batch goes on
+        log.exception("choosing a token failed for one row")
+        return TokenChoice(None, None, f"{type(error).__name__}: {error}")
