@@ -378,7 +378,7 @@ def test_completions_take_a_list_of_prompts_with_choices_indexed_prompt_major(se
     assert [choice.text for choice in as_id_lists.choices] == [choice.text for choice in reply.choices[::2]]
 
 
-def test_more_than_four_stop_strings_and_harmless_defaults_are_accepted(server):
+def test_more_than_four_stop_strings_nulls_and_harmless_defaults_are_accepted(server):
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "Hi"}],
@@ -389,6 +389,9 @@ def test_more_than_four_stop_strings_and_harmless_defaults_are_accepted(server):
         "tool_choice": "none",
         "top_k": -1,
         "temperature": 1e-320,
+        "top_p": None,  # null stands for the default, as vLLM takes it
+        "presence_penalty": None,
+        "logprobs": None,
     }
     assert httpx.post(server.url + "/v1/chat/completions", json=body).status_code == 200
 

@@ -27,6 +27,18 @@ from .sampling import MAX_LOGPROBS
 MAX_STOP_SEQUENCES = 64
 MAX_CHOICES = 16
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions route's bound (OpenAI's)
+NULL_MEANS_DEFAULT = (
+    "temperature",
+    "top_p",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "stream",
+    "ignore_eos",
+)
 
 
 class OpenAIError(Exception):
@@ -100,6 +112,12 @@ class SamplingFields(StrictModel):
     function_call: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
 
+    @field_validator(*NULL_MEANS_DEFAULT, mode="before")
+    @classmethod
+    def _null_is_the_default(cls, value: Any, info: ValidationInfo) -> Any:
+        """null stands for the default (vLLM takes it so; some clients send every field)."""
+        return cls.model_fields[info.field_name].default if value is None else value
+
     @field_validator("max_tokens")
     @classmethod
     def _positive_max_tokens(cls, value: int | None) -> int | None:
@@ -158,7 +176,7 @@ class ChatMessage(StrictModel):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None  # the newer name of max_tokens
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
     @field_validator("max_completion_tokens")
