@@ -133,6 +133,20 @@ def test_seeded_engine_answer_equals_generate_with_the_same_values(offline, toke
     assert served != generate_sampled(offline, prompt, seed, 40, **plain) or values == plain
 
 
+def test_a_seeded_answer_does_not_depend_on_the_rows_beside_it(offline, tokenizer):
+    """Each row draws from its own generator: a seeded sequence prefilled and decoded beside three sampled others
+    (other seeds, temperatures, penalties) gets the tokens it gets alone."""
+    prompts = [chat_prompt(tokenizer, question) for question in QUESTIONS]
+    seeded = SamplingParams(max_tokens=30, temperature=0.9, top_p=0.95, seed=21, ignore_eos=True)
+    [(alone, _, _)] = run_engine(OrtStepModel(offline), [(prompts[0], seeded)])
+    others = [
+        SamplingParams(max_tokens=30 + 5 * i, temperature=0.5 + i / 2, seed=i, presence_penalty=0.5, ignore_eos=True)
+        for i in range(3)
+    ]
+    results = run_engine(OrtStepModel(offline), [(prompts[0], seeded), *zip(prompts[1:], others)])
+    assert results[0][0] == alone
+
+
 def test_presence_and_frequency_penalties_follow_openais_definition():
     """score - presence * [count > 0] - frequency * count, counting the answer's tokens only (not the prompt's)."""
     from collections import Counter
