@@ -5,9 +5,12 @@ scales exports with default options, while an ignored mask, a dropped rotary or 
 """
 
 import shutil
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import build_model, tiny_decoder_config
 
 pytest.importorskip("onnxruntime")
@@ -18,8 +21,10 @@ from vaswani import VaswaniForCausalLM  # noqa: E402
 from vaswani.cli import main  # noqa: E402
 from vaswani.conversion.onnx import (  # noqa: E402
     OnnxValidationError,
+    export_onnx,
     formulations,  # noqa: E402
     validate_onnx_export,
+    validation,
 )
 from vaswani.conversion.onnx import export as onnx_export  # noqa: E402
 from vaswani.conversion.onnx.contract import save_graph  # noqa: E402
@@ -137,3 +142,75 @@ def test_an_export_that_ignores_the_mask_or_drops_the_rotary_fails_validation(de
     with pytest.raises(OnnxValidationError, match="does not match PyTorch"):
         onnx_export.export_onnx(deep_model(4), tmp_path / "out", task="text-generation")
     assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------------------- quantized graphs
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def corrupt_quantized_graph(folder, how: str) -> None:
+    """`scripts/quantized_validation_bounds.py`'s corruption (the bounds' measurements use the same one)."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from quantized_validation_bounds import corrupt
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    corrupt(folder, how)
+
+
+@pytest.fixture(scope="module")
+def quantized_exports(tmp_path_factory):
+    """The suite's tiny rope + grouped-query decoder, exported int8 and int4 at default options, not validated (the
+    tests validate them, honest and corrupted)."""
+    root = tmp_path_factory.mktemp("quantized")
+    model = build_model(VaswaniForCausalLM, tiny_decoder_config(position_embedding_type="rope", num_key_value_heads=2))
+    model.save_pretrained(root / "model")
+    folders = {
+        quantize: export_onnx(root / "model", root / quantize, "text-generation", quantize=quantize, validate=False)
+        for quantize in ("int8", "int4")
+    }
+    return model, {quantize: result.folder for quantize, result in folders.items()}
+
+
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_an_honest_quantized_export_passes_on_every_bound(quantized_exports, quantize):
+    model, folders = quantized_exports
+    report = validate_onnx_export(folders[quantize], model)
+    logits = next(row for row in report.rows if row.output == "logits")
+    assert report.tolerance_kind == "quantized" and logits.top1 is not None
+    assert 0 < logits.relative_rms <= logits.bounds.relative_rms  # quantization changed something, within bounds
+    assert "| relative RMS |" in str(report)
+
+
+@pytest.mark.parametrize(
+    "quantize, how",
+    [
+        ("int8", "zeroed scales"),
+        ("int8", "doubled scales"),
+        ("int4", "zeroed scales"),
+        ("int4", "doubled scales"),
+        ("int4", "swapped zero points"),
+    ],
+)
+def test_a_corrupted_quantized_graph_fails_validation_naming_the_output(quantized_exports, tmp_path, quantize, how):
+    model, folders = quantized_exports
+    folder = tmp_path / "corrupted"
+    shutil.copytree(folders[quantize], folder)
+    corrupt_quantized_graph(folder, how)
+    with pytest.raises(OnnxValidationError, match=r"model/\S+: .*relative RMS error \d") as failure:
+        validate_onnx_export(folder, model)
+    assert "logits" in {row.output for row in failure.value.report.failures}
+
+
+@pytest.mark.parametrize("quantization", ["int8-weight-only", "int4-weight-only"])
+@pytest.mark.parametrize("factor", [0.0, 0.5])
+def test_all_zero_or_halved_logits_fail_the_quantized_bounds(quantization, factor):
+    """The defect found on main: under the old int4 rule (max abs diff <= 1.0x the output's scale) all-zero logits
+    differed by exactly the scale and passed, and halved logits passed too."""
+    expected = torch.randn(3, 7, 64, generator=torch.Generator().manual_seed(0)) * 10
+    comparison = validation._Comparison()
+    comparison.add("model", "case", "logits", (expected * factor).numpy(), expected, None, None)
+    kind, tolerance = validation.TOLERANCES[quantization]
+    report = comparison.report(tolerance, kind, "CPUExecutionProvider", depth=2, quantization=quantization)
+    assert not report.passed and "relative RMS error" in report.rows[0].problems[0]

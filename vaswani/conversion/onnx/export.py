@@ -268,7 +268,7 @@ def export_onnx(
         validate: compare ONNX Runtime with PyTorch on fresh shapes and raise `OnnxValidationError` past the
             tolerance (then nothing is installed). Turn off only to inspect a graph that fails.
         tolerance: override the default tolerance (`TOLERANCES`: relative to each output's scale, and for fp32 per
-            layer of depth).
+            layer of depth; for quantized exports the logits' relative RMS error, `validation.QUANTIZED_BOUNDS`).
         opset: ONNX opset. Default: `LLM_OPSET` on the CPU, where its Attention and RotaryEmbedding ops run
             fastest; the exporter's own default for CUDA (20 with torch 2.13), where those ops are not validated
             yet. Below `LLM_OPSET`, attention and rotary export as plain math (more, smaller nodes).
