@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import numpy as np
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -41,7 +42,14 @@ class GenerationService:
                 "prompt, or set tokenizer.chat_template and save the tokenizer into the folder.",
                 param="messages",
             )
-        encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+        try:
+            encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+        except jinja2.TemplateSyntaxError:
+            raise  # the model's template is broken: the server's fault, a 500
+        except jinja2.TemplateError as error:
+            # The template refused these messages (its `raise_exception`, e.g. roles that do not alternate): the
+            # client's to fix, as vLLM answers it.
+            raise OpenAIError(f"The model's chat template rejected the messages: {error}", param="messages") from None
         return list(encoded["input_ids"])
 
     def text_prompt(self, prompt: str | list[int]) -> list[int]:
