@@ -353,7 +353,7 @@ def _serving_line(service, args: argparse.Namespace) -> str:
     host = f"[{args.host}]" if ":" in args.host else args.host
     guarded = "API key required" if args.api_key else "no API key"
     return (
-        f"vaswani serve: model {service.name!r} from {folder.resolve()} ({form}, {threads} threads) at "
+        f"vaswani serve: model {service.name!r} from {folder.resolve()} ({form}, {threads} intra-op threads) at "
         f"{scheme}://{host}:{args.port}/v1 ({guarded}, shutdown grace {args.shutdown_timeout:g} s)"
     )
 
