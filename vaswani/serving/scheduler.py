@@ -329,7 +329,6 @@ class Engine:
         """End the running and prefilling sequences with an error event; with `waiting`, the waiting ones too."""
         prefilling = self.prefilling
         failed = list(self.batch.rows) + (prefilling.rows if prefilling else [])
-        self.batch.keep([])
         self.prefilling = None
         if waiting:
             with self.wakeup:
@@ -337,6 +336,7 @@ class Engine:
                 self.waiting = deque()
         for sequence in failed:
             self._finish(sequence, Event(None, "error", message))
+        self.batch.keep([])  # last: after a dying thread's failure the batch may be broken, the owners are told
 
 
 def choose_tokens(logits: np.ndarray, sequences: list[Sequence]) -> np.ndarray:
