@@ -155,6 +155,34 @@ def test_sigterm_drains_a_running_stream_and_a_vanished_non_streamed_client_hold
     assert '"POST /v1/chat/completions" 200' in output  # the access log, one line per request
 
 
+def test_past_the_shutdown_grace_a_running_stream_is_cut_and_the_server_exits(folders):
+    """uvicorn's `timeout_graceful_shutdown` (`--shutdown-timeout`): a stream still running when the grace ends is
+    cancelled, its row freed, and the engine stopped with the app."""
+    import uvicorn
+
+    service = new_service(folders)
+    config = uvicorn.Config(create_app(service), host="127.0.0.1", port=0, log_level="warning")
+    config.timeout_graceful_shutdown = 0.5
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    assert wait_for(lambda: server.started)
+    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    received = []
+    with httpx.Client(base_url=url, timeout=30) as http:
+        body = chat_body("Go on.", max_tokens=LONG, ignore_eos=True, stream=True)
+        with pytest.raises(httpx.HTTPError), http.stream("POST", "/v1/chat/completions", json=body) as response:
+            for line in response.iter_lines():
+                received.append(line)
+                if len(received) == 6:
+                    server.should_exit = True
+                    stopping = time.monotonic()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and time.monotonic() - stopping < 5
+    assert "data: [DONE]" not in received  # cut, not finished
+    assert not service.engine.alive and service.engine.stats()["running"] == 0
+
+
 def test_a_cancelled_sequence_ends_with_a_final_event(offline, tokenizer):
     """`Engine.cancel` ends a running sequence with one final "abort" event (main sent none, so its owner waited
     forever), and a cancelled waiting sequence is never prefilled: the group formed after it holds only the others."""

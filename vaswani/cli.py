@@ -285,6 +285,14 @@ def _run_serve(args: argparse.Namespace) -> int:
     )
     try:
         if args.ray:
+            # The replicas build their apps themselves (ray_app.py), without these options: refuse rather than serve
+            # without the key or TLS the operator asked for.
+            asked = [
+                name for name in ("api_key", "allowed_origins", "ssl_keyfile", "request_timeout") if getattr(args, name)
+            ]
+            if asked:
+                options_named = ", ".join("--" + name.replace("_", "-") for name in asked)
+                raise ValueError(f"{options_named} cannot be combined with --ray yet (VASWANI_API_KEY counts too).")
             from .serving.ray_app import serve_with_ray
 
             serve_with_ray(
