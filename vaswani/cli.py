@@ -242,7 +242,7 @@ def _add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-body-bytes",
         type=int,
-        default=1 << 20,
+        default=1 << 20,  # serving.app.MAX_BODY_BYTES (not imported here: `--help` loads no server)
         help="larger request bodies get a 413 before they are read (1048576, 1 MiB)",
     )
     parser.add_argument(

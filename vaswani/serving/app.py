@@ -18,7 +18,6 @@ stream's text is decoded incrementally (`text.TextStream`), so a large prompt or
 import asyncio
 import base64
 import json
-import logging
 import os
 import threading
 import time
@@ -54,8 +53,6 @@ from .protocol import (
 )
 from .scheduler import EngineDead, Event, QueueFull, SamplingParams, Sequence
 from .text import TextStream
-
-log = logging.getLogger(__name__)
 
 RETRY_AFTER_SECONDS = 1
 # Request bodies past this are refused with a 413. A prompt of a 128k-token context is about 0.5 MB of text, or under
