@@ -209,6 +209,53 @@ def _add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="FOLDER",
         help="the exported (or, with --backend torch, saved) model folder, or a Hugging Face Hub repository id",
     )
+    operations = parser.add_argument_group("operations")
+    operations.add_argument(
+        "--api-key",
+        default=os.environ.get("VASWANI_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1/* (401 otherwise; /health and /metrics stay open); default: "
+        "the VASWANI_API_KEY environment variable (prefer it: a command line is visible to every user of the machine)",
+    )
+    operations.add_argument(
+        "--allowed-origins",
+        action="append",
+        metavar="ORIGINS",
+        help="origins browsers may call the API from (CORS), comma-separated or repeated, e.g. "
+        "https://app.example.com; '*' for any (default: none, no CORS headers)",
+    )
+    operations.add_argument(
+        "--ssl-keyfile", metavar="FILE", help="serve HTTPS with this private key (with --ssl-certfile)"
+    )
+    operations.add_argument(
+        "--ssl-certfile", metavar="FILE", help="serve HTTPS with this certificate (with --ssl-keyfile)"
+    )
+    operations.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=1 << 20,  # serving.app.MAX_BODY_BYTES (not imported here: `--help` loads no server)
+        help="larger request bodies get a 413 before they are read (1048576, 1 MiB)",
+    )
+    operations.add_argument(
+        "--request-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="a generation that takes longer (from its arrival) ends with finish_reason 'length' and the text so far "
+        "(default: no limit)",
+    )
+    operations.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=25.0,
+        metavar="SECONDS",
+        help="on SIGTERM or Ctrl-C, stop accepting and let running requests finish for at most this long, then cancel "
+        "them and exit (25: under Kubernetes' default 30 s grace period)",
+    )
+    operations.add_argument(
+        "--log-level",
+        choices=("critical", "error", "warning", "info", "debug"),
+        default="info",
+        help="the server's and uvicorn's log level; info logs the startup line and one access line per request (info)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1; 0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (8000)")
     parser.add_argument("--backend", choices=("onnx", "torch"), default="onnx", help="ONNX Runtime or PyTorch (onnx)")
@@ -224,48 +271,6 @@ def _add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         help="prompt tokens fed between two decoding steps while others run, times the joining prompts per running "
         "sequence (32)",
     )
-    parser.add_argument(
-        "--api-key",
-        default=os.environ.get("VASWANI_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on /v1/* (401 otherwise; /health and /metrics stay open); default: "
-        "the VASWANI_API_KEY environment variable (prefer it: a command line is visible to every user of the machine)",
-    )
-    parser.add_argument(
-        "--allowed-origins",
-        action="append",
-        metavar="ORIGINS",
-        help="origins browsers may call the API from (CORS), comma-separated or repeated, e.g. "
-        "https://app.example.com; '*' for any (default: none, no CORS headers)",
-    )
-    parser.add_argument("--ssl-keyfile", metavar="FILE", help="serve HTTPS with this private key (with --ssl-certfile)")
-    parser.add_argument("--ssl-certfile", metavar="FILE", help="serve HTTPS with this certificate (with --ssl-keyfile)")
-    parser.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=1 << 20,  # serving.app.MAX_BODY_BYTES (not imported here: `--help` loads no server)
-        help="larger request bodies get a 413 before they are read (1048576, 1 MiB)",
-    )
-    parser.add_argument(
-        "--request-timeout",
-        type=float,
-        metavar="SECONDS",
-        help="a generation that takes longer (from its arrival) ends with finish_reason 'length' and the text so far "
-        "(default: no limit)",
-    )
-    parser.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=25.0,
-        metavar="SECONDS",
-        help="on SIGTERM or Ctrl-C, stop accepting and let running requests finish for at most this long, then cancel "
-        "them and exit (25: under Kubernetes' default 30 s grace period)",
-    )
-    parser.add_argument(
-        "--log-level",
-        choices=("critical", "error", "warning", "info", "debug"),
-        default="info",
-        help="the server's and uvicorn's log level; info logs the startup line and one access line per request (info)",
-    )
     parser.add_argument("--ray", action="store_true", help="run replicas behind Ray Serve (needs ray[serve])")
     parser.add_argument("--replicas", type=int, default=1, help="with --ray: replicas of the app (1)")
     parser.add_argument("--cpus-per-replica", type=float, default=1.0, help="with --ray: CPUs Ray reserves per replica")
@@ -274,6 +279,13 @@ def _add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    # Ray's replicas build their apps themselves (ray_app.py), without these options: refuse rather than serve without
+    # the key or TLS the operator asked for.
+    asked = [name for name in ("api_key", "allowed_origins", "ssl_keyfile", "request_timeout") if getattr(args, name)]
+    if args.ray and asked:
+        named = ", ".join("--" + name.replace("_", "-") for name in asked)
+        print(f"error: {named} cannot be combined with --ray yet (VASWANI_API_KEY counts too).", file=sys.stderr)
+        return 2
     options = dict(
         backend=args.backend,
         provider=args.device,
@@ -285,14 +297,6 @@ def _run_serve(args: argparse.Namespace) -> int:
     )
     try:
         if args.ray:
-            # The replicas build their apps themselves (ray_app.py), without these options: refuse rather than serve
-            # without the key or TLS the operator asked for.
-            asked = [
-                name for name in ("api_key", "allowed_origins", "ssl_keyfile", "request_timeout") if getattr(args, name)
-            ]
-            if asked:
-                options_named = ", ".join("--" + name.replace("_", "-") for name in asked)
-                raise ValueError(f"{options_named} cannot be combined with --ray yet (VASWANI_API_KEY counts too).")
             from .serving.ray_app import serve_with_ray
 
             serve_with_ray(
