@@ -142,7 +142,7 @@ def test_sigterm_drains_a_running_stream_and_a_vanished_non_streamed_client_hold
             assert wait_for(lambda: health()["running"] == 0, timeout=10), "the rows of the vanished client stayed"
 
             # A stream is running when SIGTERM comes: it is served to its end, then the process exits.
-            streamed = chat_body("Go on.", max_tokens=LONG, ignore_eos=True, stream=True)
+            streamed = chat_body("Go on.", max_tokens=600, ignore_eos=True, stream=True)
             with http.stream("POST", "/v1/chat/completions", json=streamed) as response:
                 lines = response.iter_lines()
                 assert [line for line, _ in zip(lines, range(6)) if line.startswith("data: ")]
