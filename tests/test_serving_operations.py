@@ -10,6 +10,7 @@ beside cancelled ones). Servers bind 127.0.0.1 on a free port.
 import copy
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -400,6 +401,19 @@ def test_text_stream_decodes_incrementally_and_adds_up_to_the_whole_decode(token
     assert "".join(pieces) == chosen.decode(tokens, skip_special_tokens=True)
     assert not any("\ufffd" in piece for piece in pieces)
     assert len(tokens) > 1000 and max(windows) <= 8
+
+
+@pytest.mark.parametrize("kind", ["chat", "byte-level"])
+def test_text_stream_of_random_tokens_adds_up_to_the_whole_decode(tokenizer, kind):
+    """Any token sequence a sampler can draw, invalid UTF-8 included (its replacement characters sent at the end):
+    windowed decoding never drops, repeats or reorders text."""
+    chosen = tokenizer if kind == "chat" else byte_level_tokenizer()
+    rng = random.Random(0)
+    for _ in range(200):
+        tokens = [rng.randrange(len(chosen)) for _ in range(rng.randrange(1, 60))]
+        stream = TextStream(chosen)
+        pieces = [stream.add(token) for token in tokens] + [stream.flush()]
+        assert "".join(pieces) == chosen.decode(tokens, skip_special_tokens=True), tokens
 
 
 def test_text_stream_stops_at_a_stop_string_spanning_multi_byte_tokens():
