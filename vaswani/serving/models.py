@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import numpy as np
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -42,11 +41,13 @@ class GenerationService:
                 "prompt, or set tokenizer.chat_template and save the tokenizer into the folder.",
                 param="messages",
             )
+        from jinja2 import TemplateError, TemplateSyntaxError  # what transformers renders chat templates with
+
         try:
             encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
-        except jinja2.TemplateSyntaxError:
+        except TemplateSyntaxError:
             raise  # the model's template is broken: the server's fault, a 500
-        except jinja2.TemplateError as error:
+        except TemplateError as error:
             # The template refused these messages (its `raise_exception`, e.g. roles that do not alternate): the
             # client's to fix, as vLLM answers it.
             raise OpenAIError(f"The model's chat template rejected the messages: {error}", param="messages") from None
