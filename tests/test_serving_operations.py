@@ -31,7 +31,6 @@ prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
 from vaswani.conversion.onnx import OrtModelForCausalLM, default_session_options  # noqa: E402
 from vaswani.serving import SamplingParams, create_app, load_service  # noqa: E402
-from vaswani.serving.engine import OrtStepModel  # noqa: E402
 from vaswani.serving.scheduler import Engine  # noqa: E402
 from vaswani.serving.text import TextStream  # noqa: E402
 from vaswani.tokenization import train_tokenizer  # noqa: E402
@@ -194,11 +193,18 @@ def test_past_the_shutdown_grace_a_running_stream_is_cut_and_the_server_exits(fo
     assert not service.engine.alive and service.engine.stats()["running"] == 0
 
 
-def test_a_cancelled_sequence_ends_with_a_final_event(offline, tokenizer):
+def test_a_cancelled_sequence_ends_with_a_final_event(folders, offline, tokenizer):
     """`Engine.cancel` ends a running sequence with one final "abort" event (main sent none, so its owner waited
     forever), and a cancelled waiting sequence is never prefilled: the group formed after it holds only the others."""
-    step_model = RecordingStepModel(offline)
-    engine = Engine(step_model, max_batch=4)
+    engine = new_service(folders, max_batch=4).engine
+    groups, next_group = [], engine._next_group
+
+    def recording_next_group():
+        group = next_group()
+        groups.append(list(group.rows))
+        return group
+
+    engine._next_group = recording_next_group
     events = {name: [] for name in ("waiting", "kept", "running")}
     finished = threading.Semaphore(0)
 
@@ -224,23 +230,11 @@ def test_a_cancelled_sequence_ends_with_a_final_event(offline, tokenizer):
     finally:
         engine.stop()
     assert [(event.token, event.finish_reason) for event in events["waiting"]] == [(None, "abort")]
-    assert step_model.batches[0] == 1  # the kept sequence was prefilled alone
+    assert groups and not any(waiting in group for group in groups)  # never prefilled
     assert [event.token for event in events["kept"]] == offline_answer(offline, tokenizer, prompt, 5)[1]
     reasons = [event.finish_reason for event in events["running"] if event.finish_reason]
     assert reasons == ["abort"]
     assert wait_for(lambda: engine.stats()["running"] == 0)
-
-
-class RecordingStepModel(OrtStepModel):
-    """The step model, recording the batch size of every call."""
-
-    def __init__(self, model):
-        super().__init__(model)
-        self.batches: list[int] = []
-
-    def run(self, input_ids, attention_mask, positions, past):
-        self.batches.append(input_ids.shape[0])
-        return super().run(input_ids, attention_mask, positions, past)
 
 
 def test_busy_and_stats_read_the_prefill_group_once():
@@ -261,7 +255,11 @@ def test_busy_and_stats_read_the_prefill_group_once():
     class Group:
         rows = [object(), object()]
 
-    engine = ClearedAfterEachRead(model=None)  # never started
+    class NoModel:
+        def new_batch(self) -> list:  # an empty batch, where the engine asks its model for one
+            return []
+
+    engine = ClearedAfterEachRead(NoModel())  # never started
     engine.prefilling = Group()
     assert engine.busy == 2
     engine.prefilling = Group()
