@@ -310,8 +310,6 @@ class Answer:
         except EngineDead as error:
             self.cancel()
             raise engine_unavailable(str(error)) from None
-        if metrics is not None:
-            metrics.prompt_tokens.inc(len(prompt))
         if timeout is not None:
             remaining = max(0.0, self.received_at + timeout - time.perf_counter())
             self.timer = asyncio.get_running_loop().call_later(remaining, self.expire)
@@ -410,6 +408,7 @@ async def answer(request: Request, service: GenerationService, kind: str, body: 
     received_at = getattr(request.state, "received_at", None)
     params = sampling_params(service, body, max_tokens)
     run = Answer(service, prompt, params, state.metrics, received_at, state.request_timeout)
+    state.metrics.prompt_tokens.inc(len(prompt))
     streams = [TextStream(service.tokenizer, body.stop) for _ in run.sequences]
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
