@@ -123,6 +123,9 @@ def start_server(folder: str, args) -> tuple[subprocess.Popen, str]:
         str(args.threads),
     ]
     command += ["--max-batch", str(max(args.clients)), "--prefill-chunk", str(args.prefill_chunk)]
+    # Warnings only: the access log (a line per request at info) would fill the stderr pipe, read only on failure,
+    # and stall the server.
+    command += ["--log-level", "warning"]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

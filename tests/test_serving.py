@@ -10,7 +10,6 @@ import json
 import threading
 
 import httpx
-import numpy as np
 import pytest
 from serving_cases import CONTEXT, offline_answer, serving, tiny_chat_folders, tiny_chat_tokenizer
 

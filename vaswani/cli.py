@@ -10,6 +10,7 @@ Example:
 """
 
 import argparse
+import logging
 import os
 import sys
 from typing import NoReturn
@@ -201,12 +202,60 @@ def _add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Serve an exported ONNX folder (text-generation: /v1/chat/completions and /v1/completions with "
         "continuous batching; feature-extraction: /v1/embeddings; text-classification: /v1/classifications) or, with "
         "--backend torch, a PyTorch vaswani causal LM folder. With --ray, N replicas run behind Ray Serve's router.",
-        epilog="exit status: 0 after a clean shutdown; 2 bad input (not a model folder, a task that is not served).",
+        epilog="exit status: 0 after a clean shutdown (after SIGTERM, the signal's own status, 143: uvicorn re-raises "
+        "it once the requests have drained); 2 bad input (not a model folder, a task that is not served).",
     )
     parser.add_argument(
         "folder",
         metavar="FOLDER",
         help="the exported (or, with --backend torch, saved) model folder, or a Hugging Face Hub repository id",
+    )
+    operations = parser.add_argument_group("operations")
+    operations.add_argument(
+        "--api-key",
+        default=os.environ.get("VASWANI_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1/* (401 otherwise; /health and /metrics stay open); default: "
+        "the VASWANI_API_KEY environment variable (prefer it: a command line is visible to every user of the machine)",
+    )
+    operations.add_argument(
+        "--allowed-origins",
+        action="append",
+        metavar="ORIGINS",
+        help="origins browsers may call the API from (CORS), comma-separated or repeated, e.g. "
+        "https://app.example.com; '*' for any (default: none, no CORS headers)",
+    )
+    operations.add_argument(
+        "--ssl-keyfile", metavar="FILE", help="serve HTTPS with this private key (with --ssl-certfile)"
+    )
+    operations.add_argument(
+        "--ssl-certfile", metavar="FILE", help="serve HTTPS with this certificate (with --ssl-keyfile)"
+    )
+    operations.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=1 << 20,  # serving.app.MAX_BODY_BYTES (not imported here: `--help` loads no server)
+        help="larger request bodies get a 413 before they are read (1048576, 1 MiB)",
+    )
+    operations.add_argument(
+        "--request-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="a generation that takes longer (from its arrival) ends with finish_reason 'length' and the text so far "
+        "(default: no limit)",
+    )
+    operations.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=25.0,
+        metavar="SECONDS",
+        help="on SIGTERM or Ctrl-C, stop accepting and let running requests finish for at most this long, then cancel "
+        "them and exit (25: under Kubernetes' default 30 s grace period)",
+    )
+    operations.add_argument(
+        "--log-level",
+        choices=("critical", "error", "warning", "info", "debug"),
+        default="info",
+        help="the server's and uvicorn's log level; info logs the startup line and one access line per request (info)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1; 0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (8000)")
@@ -231,6 +280,13 @@ def _add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    # Ray's replicas build their apps themselves (ray_app.py), without these options: refuse rather than serve without
+    # the key or TLS the operator asked for.
+    asked = [name for name in ("api_key", "allowed_origins", "ssl_keyfile", "request_timeout") if getattr(args, name)]
+    if args.ray and asked:
+        named = ", ".join("--" + name.replace("_", "-") for name in asked)
+        print(f"error: {named} cannot be combined with --ray yet (VASWANI_API_KEY counts too).", file=sys.stderr)
+        return 2
     options = dict(
         backend=args.backend,
         provider=args.device,
@@ -258,15 +314,61 @@ def _run_serve(args: argparse.Namespace) -> int:
 
         from .serving import create_app, load_service
 
+        if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
+            raise ValueError("HTTPS needs both --ssl-keyfile and --ssl-certfile.")
+        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         service = load_service(args.folder, **options)
+        origins = [origin.strip() for value in args.allowed_origins or [] for origin in value.split(",") if origin]
+        app = create_app(
+            service,
+            api_key=args.api_key or None,
+            allowed_origins=origins,
+            max_body_bytes=args.max_body_bytes,
+            request_timeout=args.request_timeout,
+        )
     except ImportError as error:
         print(f"error: {error}. Install the server's dependencies: pip install 'vaswani[serve]'", file=sys.stderr)
         return 2
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning")
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,  # the app logs each request with its request id (serving.middleware)
+        timeout_graceful_shutdown=args.shutdown_timeout,
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_certfile=args.ssl_certfile,
+    )
+    logging.getLogger("vaswani.serving").info("%s", _serving_line(service, args))
+    uvicorn.Server(config).run()
     return 0
+
+
+def _serving_line(service, args: argparse.Namespace) -> str:
+    """What is served where: the startup line of `vaswani serve`."""
+    import json
+
+    from .serving.models import resolve_folder
+
+    folder = resolve_folder(args.folder)
+    form = f"{args.backend} on {args.device}"
+    manifest = folder / "manifest.json"
+    if args.backend == "onnx" and manifest.is_file():
+        described = json.loads(manifest.read_text())
+        form += f", {described.get('task')}, {described.get('dtype', 'fp32')}"
+        form += f", {described.get('quantization') or 'not quantized'}"
+        form += f", {described.get('attention_form', 'portable')} attention"
+    threads = args.threads or len(os.sched_getaffinity(0))
+    scheme = "https" if args.ssl_certfile else "http"
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    guarded = "API key required" if args.api_key else "no API key"
+    return (
+        f"vaswani serve: model {service.name!r} from {folder.resolve()} ({form}, {threads} intra-op threads) at "
+        f"{scheme}://{host}:{args.port}/v1 ({guarded}, shutdown grace {args.shutdown_timeout:g} s)"
+    )
 
 
 def _exit_now(code: int) -> NoReturn:

@@ -10,6 +10,7 @@ Where things are:
 - `text.py`: incremental detokenization and stop strings for streams.
 - `models.py`: loading a folder into a service (generation, embeddings, classification).
 - `app.py`: the FastAPI routes and server-sent events.
+- `middleware.py`: request ids and the access log, the API key check; `metrics.py`: `/metrics` (Prometheus).
 - `ray_app.py`: the same app as a Ray Serve deployment with N replicas.
 
 Example:

@@ -1,11 +1,17 @@
 """The HTTP side: FastAPI routes in the OpenAI API's shape over a loaded service (`models.load_service`).
 
-Routes: `GET /health`, `GET /v1/models`; for a causal LM `POST /v1/chat/completions` and `POST /v1/completions`
-(streamed as server-sent events with `stream: true`); for an encoder `POST /v1/embeddings` or `POST /v1/classifications`.
+Routes: `GET /health` (200 while the engine thread runs, 503 with the reason once it died), `GET /metrics`
+(Prometheus), `GET /v1/models`; for a causal LM `POST /v1/chat/completions` and `POST /v1/completions` (streamed as
+server-sent events with `stream: true`); for an encoder `POST /v1/embeddings` or `POST /v1/classifications`.
 Every error is a 4xx (5xx for a failure inside the model) with OpenAI's error body; a full queue is a 429 with
-`Retry-After`. A client that disconnects has its sequences cancelled: their rows leave the batch at the next step.
+`Retry-After`, a body over `max_body_bytes` a 413 (answered before the body is read), a request while the engine is
+down a 503. A client that disconnects, streamed or not, has its sequences cancelled: their rows leave the batch at the
+next step and its handler returns at once.
 
-    >>> app = create_app(load_service("exported/decoder"))
+The event loop only moves bytes: chat templates, tokenization and the prompt checks run in a thread pool, and a
+stream's text is decoded incrementally (`text.TextStream`), so a large prompt or a long answer never holds `/health`.
+
+    >>> app = create_app(load_service("exported/decoder"), api_key="secret", request_timeout=120)
     >>> uvicorn.run(app, host="127.0.0.1", port=8000)
 """
 
@@ -22,11 +28,15 @@ from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .metrics import ServerMetrics
+from .middleware import ApiKeyCheck, RequestContext
 from .models import EncoderService, GenerationService
 from .protocol import (
     ChatCompletionRequest,
@@ -45,14 +55,31 @@ from .protocol import (
     usage_chunk_body,
 )
 from .sampling import TokenLogprobs
-from .scheduler import Event, QueueFull, SamplingParams, Sequence
+from .scheduler import EngineDead, Event, QueueFull, SamplingParams, Sequence
 from .text import TextStream
 
 RETRY_AFTER_SECONDS = 1
+# Request bodies past this are refused with a 413. A prompt of a 128k-token context is about 0.5 MB of text, or under
+# 1 MB as a list of token ids; larger bodies only cost the server time and memory before their 400.
+MAX_BODY_BYTES = 1 << 20
 
 
-def create_app(service: GenerationService | EncoderService) -> FastAPI:
-    """The FastAPI app serving `service`; its engine starts with the app and stops with it."""
+def create_app(
+    service: GenerationService | EncoderService,
+    api_key: str | None = None,
+    allowed_origins: list[str] | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    request_timeout: float | None = None,
+) -> FastAPI:
+    """The FastAPI app serving `service`; its engine starts with the app and stops with it.
+
+    Args:
+        api_key: if set, `/v1/...` requests need `Authorization: Bearer <api_key>` (401 otherwise).
+        allowed_origins: origins browsers may call the API from (CORS; "*" for any); none by default.
+        max_body_bytes: larger request bodies get a 413.
+        request_timeout: seconds a generation may take from the request's arrival; then its choices end with
+            finish_reason "length" and the text so far (as llama.cpp's server ends an answer past its time limit).
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -61,8 +88,12 @@ def create_app(service: GenerationService | EncoderService) -> FastAPI:
         yield
         service.close()
 
+    if max_body_bytes < 1 or (request_timeout is not None and request_timeout <= 0):
+        raise ValueError("max_body_bytes and request_timeout must be positive.")
     app = FastAPI(title=f"vaswani serve: {service.name}", lifespan=lifespan)
     app.state.service = service
+    app.state.max_body_bytes, app.state.request_timeout = max_body_bytes, request_timeout
+    metrics = app.state.metrics = ServerMetrics(service)
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, error: OpenAIError) -> JSONResponse:
@@ -74,9 +105,19 @@ def create_app(service: GenerationService | EncoderService) -> FastAPI:
         return JSONResponse(error_body(str(error.detail), kind), status_code=error.status_code)
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
+    async def health() -> JSONResponse:
         # The process id tells replicas apart behind a router (Ray Serve).
-        return {"status": "ok", "model": service.name, "pid": os.getpid(), **service.stats()}
+        body = {"status": "ok", "model": service.name, "pid": os.getpid(), **service.stats()}
+        engine = getattr(service, "engine", None)
+        if engine is not None and not engine.alive:
+            # The watchdog's answer: a load balancer or Kubernetes takes the replica out, and restarts it.
+            reason = engine.failure or ("the engine is stopping." if engine.stopping else "the engine is not started.")
+            return JSONResponse({**body, "status": "unavailable", "error": reason}, status_code=503)
+        return JSONResponse(body)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -88,14 +129,14 @@ def create_app(service: GenerationService | EncoderService) -> FastAPI:
         body = await parse(request, ChatCompletionRequest)
         generation = generation_service(service, body.model, "chat completions")
         messages = [message.template_input() for message in body.messages]
-        prompt = generation.chat_prompt(messages)
+        prompt = await run_in_threadpool(generation.chat_prompt, messages)
         return await answer(request, generation, "chat", body, [prompt], "messages")
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await parse(request, CompletionRequest)
         generation = generation_service(service, body.model, "completions")
-        prompts = [generation.text_prompt(prompt) for prompt in body.prompts]
+        prompts = await run_in_threadpool(lambda: [generation.text_prompt(prompt) for prompt in body.prompts])
         return await answer(request, generation, "text", body, prompts, "prompt")
 
     @app.post("/v1/embeddings")
@@ -118,13 +159,27 @@ def create_app(service: GenerationService | EncoderService) -> FastAPI:
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return {"object": "list", "data": data, "model": service.name, "usage": usage}
 
+    # The first added is the innermost: the key check inside CORS (a 401 carries CORS headers, so a browser can read
+    # it; preflights pass), both inside the request context (every answer has its id, log line and count).
+    if api_key:
+        app.add_middleware(ApiKeyCheck, api_key=api_key)
+    if allowed_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=allowed_origins,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
+            expose_headers=["X-Request-Id", "Retry-After"],
+        )
+    routes = {route.path for route in app.routes}
+    app.add_middleware(RequestContext, metrics=metrics, routes=routes)
     return app
 
 
 async def parse(request: Request, model: type[BaseModel]) -> Any:
     """The request body as `model`, or a 400 naming the first problem (malformed JSON, an unknown field, a wrong
-    type or value)."""
-    raw = await request.body()
+    type or value); a 413 for a body over the app's `max_body_bytes`."""
+    raw = await read_body(request, request.app.state.max_body_bytes)
     try:
         return model.model_validate_json(raw)
     except ValidationError as error:
@@ -137,6 +192,27 @@ async def parse(request: Request, model: type[BaseModel]) -> Any:
         else:
             message = f"Invalid value for {where or 'the body'}: {problem['msg']}."
         raise OpenAIError(message, param=where or None) from None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, or a 413 as soon as it is known to exceed `limit` bytes: from `Content-Length` before reading any
+    of it (a client that sent `Expect: 100-continue` never uploads it), else once the chunks read pass the limit."""
+    too_large = OpenAIError(
+        f"The request body exceeds this server's limit of {limit} bytes; send a shorter prompt (the operator can "
+        "raise the limit with vaswani serve --max-body-bytes).",
+        status=413,
+        code="request_too_large",
+    )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def check_model(service: GenerationService | EncoderService, name: str) -> None:
@@ -201,13 +277,28 @@ def dispatcher() -> LoopDispatcher:
 
 class Answer:
     """The sequences of one request (its `n` choices of each prompt, choice i on `prompts[i]` with `params[i]`) and
-    the queue their events arrive on, as (index, event)."""
+    the queue their events arrive on, as (index, event).
 
-    def __init__(self, service: GenerationService, prompts: list[list[int]], params: list[SamplingParams]):
-        self.service, self.prompts = service, prompts
+    Every sequence ends with one final event (its last token, an error, or the "abort" that `Engine.cancel` sends),
+    so `events` ends however the request ends: finished, cancelled by a disconnect, past its `timeout`, or failed.
+    """
+
+    def __init__(
+        self,
+        service: GenerationService,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        metrics: ServerMetrics | None = None,
+        received_at: float | None = None,
+        timeout: float | None = None,
+    ):
+        self.service, self.prompts, self.metrics = service, prompts, metrics
+        self.received_at = received_at if received_at is not None else time.perf_counter()
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         self.dispatcher = dispatcher()
         self.sequences: list[Sequence] = []
+        self.expired = False
+        self.timer = None
         try:
             for index, (prompt, choice_params) in enumerate(zip(prompts, params)):
                 emit = self.emitter(index)
@@ -225,39 +316,85 @@ class Answer:
                 code="queue_full",
                 headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
             ) from None
+        except EngineDead as error:
+            self.cancel()
+            raise engine_unavailable(str(error)) from None
+        if timeout is not None:
+            remaining = max(0.0, self.received_at + timeout - time.perf_counter())
+            self.timer = asyncio.get_running_loop().call_later(remaining, self.expire)
 
     def emitter(self, index: int):
         put, queue = self.dispatcher.put, self.queue
         return lambda event: put(queue, (index, event))
 
     def cancel(self, index: int | None = None) -> None:
+        """Cancel one choice's sequence, or (no `index`) all of them and the timer: the request is over."""
+        if index is None and self.timer is not None:
+            self.timer.cancel()
         for i, sequence in enumerate(self.sequences):
             if index is None or i == index:
                 self.service.engine.cancel(sequence)
+
+    def expire(self) -> None:
+        """The request's time is up: its choices end (with finish_reason "length") as their "abort" events come."""
+        self.expired = True
+        self.cancel()
 
     async def events(
         self, streams: list[TextStream]
     ) -> AsyncIterator[tuple[int, str, str | None, tuple[int, TokenLogprobs] | None]]:
         """(choice index, new text, finish reason or None, (token, its log probabilities) where asked for) until every
-        choice finished; a stop string cancels its sequence and finishes the choice with "stop"."""
+        choice finished; a stop string cancels its sequence and finishes the choice with "stop". A 503 when the engine
+        died (or stops) under the request, a 500 when its step failed."""
+        finished = [False] * len(self.sequences)
+        last: list[float | None] = [None] * len(self.sequences)  # when each choice's latest token came
         pending = len(self.sequences)
         while pending:
             index, event = await self.queue.get()
+            if finished[index]:
+                continue  # tokens the engine made before it saw the cancellation, or its "abort"
             stream = streams[index]
-            if stream.stopped:
-                continue  # tokens the engine made before it saw the cancellation
             if event.error is not None:
+                if not self.service.engine.alive:
+                    raise engine_unavailable(event.error)
                 raise OpenAIError(f"Generation failed: {event.error}", status=500, type="server_error")
-            delta = stream.add(event.token) if event.token is not None else ""
+            delta = ""
+            if event.token is not None:
+                self.observe(index, last)
+                delta = stream.add(event.token)
             reason = event.finish_reason
+            if reason == "abort":
+                reason = "length" if self.expired else "abort"  # "abort": the client is gone, nobody reads it
             if stream.stopped:
                 self.cancel(index)
                 reason = "stop"
             if reason is not None:
                 delta += stream.flush()
+                finished[index] = True
                 pending -= 1
             logprobs = (event.token, event.logprobs) if event.logprobs is not None else None
             yield index, delta, reason, logprobs
+
+    def observe(self, index: int, last: list[float | None]) -> None:
+        """A token of choice `index` arrived: the time-to-first-token or inter-token latency, the tokens counter."""
+        if self.metrics is None:
+            return
+        now = time.perf_counter()
+        if last[index] is None:
+            self.metrics.time_to_first_token.observe(now - self.received_at)
+        else:
+            self.metrics.inter_token_latency.observe(now - last[index])
+        self.metrics.generation_tokens.inc()
+        last[index] = now
+
+
+def engine_unavailable(reason: str) -> OpenAIError:
+    return OpenAIError(
+        f"The server cannot generate: {reason} Retry on another replica, or after the server restarts.",
+        status=503,
+        type="server_error",
+        code="engine_unavailable",
+    )
 
 
 def sampling_params(service: GenerationService, body: Any, max_tokens: int) -> list[SamplingParams]:
@@ -307,14 +444,21 @@ async def answer(
         )
     choice_prompts, params = [], []
     for prompt in prompts:
-        max_tokens = service.check(prompt, body.token_limit, param)
+        max_tokens = await run_in_threadpool(service.check, prompt, body.token_limit, param)
         choice_prompts += [prompt] * body.n
         params += sampling_params(service, body, max_tokens)
-    run = Answer(service, choice_prompts, params)
+    state = request.app.state
+    received_at = getattr(request.state, "received_at", None)
+    run = Answer(service, choice_prompts, params, state.metrics, received_at, state.request_timeout)
     prompt_tokens = sum(map(len, prompts))  # each prompt once, however many choices it has (as OpenAI counts)
+    state.metrics.prompt_tokens.inc(prompt_tokens)
     streams = [TextStream(service.tokenizer, body.stop) for _ in run.sequences]
-    echo = getattr(body, "echo", False)
-    prefixes = [service.tokenizer.decode(prompt, skip_special_tokens=True) if echo else "" for prompt in choice_prompts]
+    prefixes = [""] * len(choice_prompts)
+    if getattr(body, "echo", False):
+        decode = service.tokenizer.decode
+        prefixes = await run_in_threadpool(
+            lambda: [decode(prompt, skip_special_tokens=True) for prompt in choice_prompts]
+        )
     with_logprobs = body.alternatives is not None
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -345,9 +489,10 @@ async def answer(
 
 
 async def cancel_on_disconnect(request: Request, run: Answer) -> None:
-    """Free the sequences of a non-streamed request whose client went away."""
-    while not await request.is_disconnected():
-        await asyncio.sleep(0.25)
+    """Free the sequences of a non-streamed request whose client went away (its body was read, so the next message
+    is the disconnect); their "abort" events end the handler's wait."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
     run.cancel()
 
 

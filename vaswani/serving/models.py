@@ -41,7 +41,16 @@ class GenerationService:
                 "prompt, or set tokenizer.chat_template and save the tokenizer into the folder.",
                 param="messages",
             )
-        encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+        from jinja2 import TemplateError, TemplateSyntaxError  # what transformers renders chat templates with
+
+        try:
+            encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+        except TemplateSyntaxError:
+            raise  # the model's template is broken: the server's fault, a 500
+        except TemplateError as error:
+            # The template refused these messages (its `raise_exception`, e.g. roles that do not alternate): the
+            # client's to fix, as vLLM answers it.
+            raise OpenAIError(f"The model's chat template rejected the messages: {error}", param="messages") from None
         return list(encoded["input_ids"])
 
     def text_prompt(self, prompt: str | list[int]) -> list[int]:

@@ -45,11 +45,17 @@ class QueueFull(Exception):
     """More sequences are waiting than the engine was configured to hold."""
 
 
+class EngineDead(Exception):
+    """The engine thread is not running (it died, or the engine was stopped): nothing submitted would ever run."""
+
+
 @dataclass
 class Event:
     """What the engine tells a sequence's owner: a new `token`, and with the last one the `finish_reason` ("stop":
-    an end-of-sequence token, "length": `max_tokens` or the context reached, "error": see `error`), and the token's
-    `logprobs` where the sequence asked for them."""
+    an end-of-sequence token, "length": `max_tokens` or the context reached, "abort": `Engine.cancel`, "error": see
+    `error`), and the token's `logprobs` where the sequence asked for them. Every sequence gets exactly one event with a
+    finish reason; a token the engine thread made while a cancellation was under way may still follow an "abort", and
+    owners ignore it."""
 
     token: int | None
     finish_reason: str | None = None
@@ -103,6 +109,13 @@ class Engine:
         self.ids = itertools.count()
         self.thread: threading.Thread | None = None
         self.stopping = False
+        # Why the engine thread ended when nobody stopped it (the watchdog's answer: /health is then 503).
+        self.failure: str | None = None
+        # Guards `Sequence.finished`: a sequence is finished by the engine thread (its last token, an error) or by
+        # `cancel` on the server's, and only the first may send the final event.
+        self.finishing = threading.Lock()
+        # Called on the engine thread with the batch size of each decoding step (for /metrics).
+        self.step_listeners: list[Callable[[int], None]] = []
         self.steps = 0  # decoding steps so far, for /health and tests
         # Seconds spent in each part of the loop, for /health and the benchmark: the graph's calls (prefill, decode)
         # against the batching work around them (join: merging prefilled rows in; leave: dropping rows, trimming).
@@ -111,9 +124,12 @@ class Engine:
     # -- the API the server calls, from any thread
 
     def submit(self, prompt: list[int], params: SamplingParams, emit: Callable[[Event], None]) -> Sequence:
-        """Queue a sequence; its tokens go to `emit` (called on the engine thread). Raises `QueueFull`."""
+        """Queue a sequence; its tokens go to `emit` (called on the engine thread). Raises `QueueFull`, or
+        `EngineDead` once the engine thread has died or the engine was stopped."""
         sequence = Sequence(list(prompt), params, emit, id=next(self.ids))
         with self.wakeup:
+            if self.failure is not None or self.stopping:
+                raise EngineDead(self.failure or "the engine is stopping.")
             if len(self.waiting) >= self.max_waiting + max(0, self.max_batch - self.busy):
                 raise QueueFull(f"{len(self.waiting)} requests are waiting (the limit is {self.max_waiting}).")
             self.waiting.append(sequence)
@@ -121,33 +137,61 @@ class Engine:
         return sequence
 
     def cancel(self, sequence: Sequence) -> None:
-        """Stop `sequence` (its client left, or a stop string was found): its row is freed before the next step."""
+        """Stop `sequence` (its client left, a stop string was found, its time ran out): unless it had finished, it
+        ends now with a final `Event(None, "abort")`, and its row is freed before the next step."""
         sequence.cancelled = True
+        self._finish(sequence, Event(None, "abort"))
 
     @property
     def busy(self) -> int:
         """Sequences holding a slot: running or being prefilled."""
-        return len(self.batch) + (len(self.prefilling.rows) if self.prefilling else 0)
+        prefilling = self.prefilling  # once: the engine thread may clear it between two reads
+        return len(self.batch) + (len(prefilling.rows) if prefilling else 0)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the engine thread is running (started, not stopped, not dead)."""
+        return self.thread is not None and self.thread.is_alive() and self.failure is None and not self.stopping
 
     def stats(self) -> dict[str, Any]:
-        prefilling = len(self.prefilling.rows) if self.prefilling else 0
+        prefilling_group = self.prefilling  # once, as in `busy`
+        prefilling = len(prefilling_group.rows) if prefilling_group else 0
         seconds = {part: round(value, 4) for part, value in self.seconds.items()}
         return {"running": len(self.batch), "prefilling": prefilling, "waiting": len(self.waiting), "seconds": seconds}
 
     def start(self) -> "Engine":
         if self.thread is None:
-            self.thread = threading.Thread(target=self._loop, name="vaswani-engine", daemon=True)
+            self.thread = threading.Thread(target=self._run, name="vaswani-engine", daemon=True)
             self.thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop the engine thread after its current step; sequences still waiting or running end with an error
+        event (the server drains its requests before it stops the engine, so normally there are none)."""
         with self.wakeup:
             self.stopping = True
             self.wakeup.notify()
         if self.thread is not None:
             self.thread.join(timeout=10)
+        if self.thread is None or not self.thread.is_alive():
+            self._fail_all("the server is shutting down.", waiting=True)
 
     # -- the engine thread
+
+    def _run(self) -> None:
+        """The thread's body: the loop, and the watchdog's part when it ends unasked (an exception that escaped the
+        loop's own handling, e.g. a BaseException): record why, and fail every sequence, waiting ones included, so
+        that no request waits for a thread that is gone."""
+        reason = "the engine thread exited."
+        try:
+            self._loop()
+        except BaseException as error:  # the thread ends here either way; the log keeps the traceback
+            reason = f"the engine thread died: {type(error).__name__}: {error}"
+            log.critical("%s", reason, exc_info=True)
+        finally:
+            if not self.stopping:
+                self.failure = reason
+                self._fail_all(reason, waiting=True)
 
     def _loop(self) -> None:
         while True:
@@ -157,7 +201,9 @@ class Engine:
                 if self.stopping:
                     return
                 if self.prefilling is None and self.waiting and self.busy < self.max_batch:
-                    self.prefilling = self._next_group()
+                    self._drop_cancelled_waiting()  # a cancelled sequence is never prefilled
+                    if self.waiting:
+                        self.prefilling = self._next_group()
             try:
                 self._iteration()
             except Exception as error:  # a failing step must not take the server down: fail its sequences
@@ -195,7 +241,7 @@ class Engine:
 
     def _drop_cancelled_waiting(self) -> None:
         if any(sequence.cancelled for sequence in self.waiting):
-            with self.wakeup:
+            with self.wakeup:  # reentrant: `_loop` calls this holding it
                 self.waiting = deque(sequence for sequence in self.waiting if not sequence.cancelled)
 
     def _prefill(self, group: PrefillGroup) -> None:
@@ -245,6 +291,9 @@ class Engine:
             yield
         finally:
             self.seconds[part] += time.perf_counter() - start
+        if part == "decode":  # a decoding step ran over the batch's rows
+            for listener in self.step_listeners:
+                listener(len(self.batch))
 
     def _accept(self, sequences: list[Sequence], choices: list[TokenChoice]) -> None:
         for sequence, choice in zip(sequences, choices):
@@ -265,16 +314,25 @@ class Engine:
                 self._finish(sequence, Event(token, reason, logprobs=choice.logprobs))
 
     def _finish(self, sequence: Sequence, event: Event) -> None:
-        sequence.finished = True
+        """Send `sequence`'s final event, unless it already had one (`cancel` and the engine thread may race)."""
+        with self.finishing:
+            if sequence.finished:
+                return
+            sequence.finished = True
         sequence.emit(event)
 
-    def _fail_all(self, message: str) -> None:
-        failed = list(self.batch.rows) + (self.prefilling.rows if self.prefilling else [])
-        self.batch.keep([])
+    def _fail_all(self, message: str, waiting: bool = False) -> None:
+        """End the running and prefilling sequences with an error event; with `waiting`, the waiting ones too."""
+        prefilling = self.prefilling
+        failed = list(self.batch.rows) + (prefilling.rows if prefilling else [])
         self.prefilling = None
+        if waiting:
+            with self.wakeup:
+                failed += self.waiting
+                self.waiting = deque()
         for sequence in failed:
-            if not sequence.finished:
-                self._finish(sequence, Event(None, "error", message))
+            self._finish(sequence, Event(None, "error", message))
+        self.batch.keep([])  # last: after a dying thread's failure the batch may be broken, the owners are told
 
 
 def choose_tokens(logits: np.ndarray, sequences: list[Sequence]) -> list[TokenChoice]:

@@ -1,9 +1,12 @@
 """Token ids to streamed text: incremental detokenization and stop strings.
 
 A token does not always end on a character boundary (byte-level BPE splits multi-byte characters), and a stop string
-can span tokens, so a stream cannot send each token's decoded piece as it comes. `TextStream` decodes the answer so
-far, holds back an incomplete character (a trailing U+FFFD) and any tail that could still become a stop string, and
-sends the rest; the concatenated deltas equal the decoded answer, cut before the first stop string.
+can span tokens, so a stream cannot send each token's decoded piece as it comes. `TextStream` decodes a short window
+of the answer per token (as vLLM's and text-generation-inference's detokenizers do): the tokens since a prefix offset,
+whose text minus the prefix's own text is the new text; it holds back an incomplete character (a trailing U+FFFD)
+until its other bytes come, and any tail that could still become a stop string, and sends the rest. The concatenated
+deltas equal the decoded answer, cut before the first stop string, and the cost per token does not grow with the
+answer (decoding the whole answer for every token made a long stream quadratic).
 
     >>> stream = TextStream(tokenizer, stop=["\\n\\n"])
     >>> delta = stream.add(token)        # text safe to send now ("" while held back)
@@ -19,8 +22,12 @@ class TextStream:
         self.tokenizer = tokenizer
         self.stop = stop or []
         self.tokens: list[int] = []
+        # The decoding window: tokens[prefix_offset:read_offset] were decoded already (their text is the context the
+        # next tokens are decoded in: a window starting mid-word decodes like the whole answer), tokens[read_offset:]
+        # not yet (held back while they end in an incomplete character).
+        self.prefix_offset = self.read_offset = 0
         self.sent = 0  # characters of the decoded text already returned
-        self.text = ""
+        self.text = ""  # the decoded text so far
         self.stopped = False
 
     def add(self, token: int) -> str:
@@ -28,21 +35,30 @@ class TextStream:
         if self.stopped:
             return ""
         self.tokens.append(token)
-        self.text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        self.text += self._decode_new()
         at = earliest_stop(self.text, self.stop, self.sent)
         if at is not None:
             self.stopped = True
             self.text = self.text[:at]
             return self._take(len(self.text))
-        safe = len(self.text)
-        if self.text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for its other bytes
-            safe = len(self.text.rstrip("\ufffd"))
-        safe -= self._held_for_stop(self.text[:safe])
+        safe = len(self.text) - self._held_for_stop(self.text)
         return self._take(max(safe, self.sent))
 
     def flush(self) -> str:
         """The text held back, at the end of the answer."""
+        if not self.stopped:
+            self.text += self._decode_new(final=True)
         return self._take(len(self.text))
+
+    def _decode_new(self, final: bool = False) -> str:
+        """The text the tokens since `read_offset` add, or "" while it ends in an incomplete character (unless
+        `final`: then the replacement character is what the answer holds)."""
+        prefix = self.tokenizer.decode(self.tokens[self.prefix_offset : self.read_offset], skip_special_tokens=True)
+        window = self.tokenizer.decode(self.tokens[self.prefix_offset :], skip_special_tokens=True)
+        if len(window) <= len(prefix) or (window.endswith("\ufffd") and not final):
+            return ""
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
+        return window[len(prefix) :]
 
     def _take(self, end: int) -> str:
         delta, self.sent = self.text[self.sent : end], end

@@ -1,0 +1,71 @@
+"""`/metrics`: the server's Prometheus metrics, in a registry of each app's own (two apps in one process, as in the
+tests or Ray replicas sharing a worker, do not mix their counts).
+
+Names follow Prometheus' conventions (`_total` counters, `_seconds` histograms) under the `vaswani_` prefix:
+
+- `vaswani_requests_total{route, status}`: HTTP requests answered, by route (the path; "other" for an unknown one, so
+  a scanner cannot grow the label set) and status code.
+- `vaswani_running_sequences`, `vaswani_prefilling_sequences`, `vaswani_waiting_sequences`: the engine's queues, read
+  at each scrape; `vaswani_engine_alive`: 1 while the engine thread runs (0 after it died: `/health` is 503).
+- `vaswani_time_to_first_token_seconds`: from a request's arrival to each choice's first token.
+- `vaswani_inter_token_latency_seconds`: between two tokens of a choice, as its client receives them.
+- `vaswani_prompt_tokens_total`, `vaswani_generation_tokens_total`: tokens in and out.
+- `vaswani_batch_size`: the running sequences of each decoding step.
+
+    >>> metrics = ServerMetrics(service)
+    >>> metrics.render()  # the text format, for GET /metrics
+"""
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Seconds: first tokens wait for a prefill (and maybe a queue), later ones for one decoding step of the batch.
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256)
+
+
+class ServerMetrics:
+    """The Prometheus metrics of one app; `service` is read at each scrape for the engine's gauges."""
+
+    def __init__(self, service: Any):
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+        self.requests = Counter(
+            "vaswani_requests",
+            "HTTP requests answered, by route and status code.",
+            ["route", "status"],
+            registry=registry,
+        )
+        self.prompt_tokens = Counter("vaswani_prompt_tokens", "Prompt tokens of accepted requests.", registry=registry)
+        self.generation_tokens = Counter("vaswani_generation_tokens", "Tokens generated.", registry=registry)
+        self.time_to_first_token = Histogram(
+            "vaswani_time_to_first_token_seconds",
+            "Seconds from a request's arrival to a choice's first token.",
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.inter_token_latency = Histogram(
+            "vaswani_inter_token_latency_seconds",
+            "Seconds between two consecutive tokens of a choice.",
+            buckets=ITL_BUCKETS,
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "vaswani_batch_size", "Running sequences per decoding step.", buckets=BATCH_BUCKETS, registry=registry
+        )
+        engine = getattr(service, "engine", None)
+        if engine is not None:
+            for name, key in (("running", "running"), ("prefilling", "prefilling"), ("waiting", "waiting")):
+                gauge = Gauge(f"vaswani_{name}_sequences", f"Sequences {name} in the engine.", registry=registry)
+                gauge.set_function(lambda key=key: engine.stats()[key])
+            alive = Gauge("vaswani_engine_alive", "1 while the engine thread runs, else 0.", registry=registry)
+            alive.set_function(lambda: float(engine.alive))
+            engine.step_listeners.append(self.batch_size.observe)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
