@@ -1,6 +1,7 @@
 """Shared pieces of the server tests: tiny chat models exported with a ChatML tokenizer, and a uvicorn server running
 an app on a free loopback port in a thread."""
 
+import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -78,3 +79,18 @@ def offline_answer(model, tokenizer, prompt: list[int], max_new_tokens: int) -> 
         output = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
     tokens = output[0, len(prompt) :].tolist()
     return tokenizer.decode(tokens, skip_special_tokens=True), tokens
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for(condition, timeout: float = 20.0, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return False

@@ -23,7 +23,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serving_cases import CONTEXT, offline_answer, serving, tiny_chat_folders, tiny_chat_tokenizer
+from serving_cases import (
+    CONTEXT,
+    free_port,
+    offline_answer,
+    serving,
+    tiny_chat_folders,
+    tiny_chat_tokenizer,
+    wait_for,
+)
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
@@ -68,22 +76,7 @@ def chat_prompt(tokenizer, question: str) -> list[int]:
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
 
 
-def wait_for(condition, timeout: float = 20.0, interval: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval)
-    return False
-
-
 # ---------------------------------------------------------------------------------- lifecycle: disconnects, SIGTERM
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def self_signed_certificate(folder: Path) -> tuple[Path, Path] | None:

@@ -1,0 +1,137 @@
+"""The README's serve section, command by command, on a small chat model built here (nothing downloads): each
+`vaswani` command of its bash blocks runs as written, with the README's folder names and ports swapped for temporary
+ones (the export validates against PyTorch, as the README's does), the openai-client example runs against the served
+folder, and so does the curl command.
+
+Oracles: the exporter's validation; offline greedy `generate` of the same folder (the served greedy answer); the
+README's own example code (it must run and print an answer). Servers bind 127.0.0.1 on free ports.
+"""
+
+import contextlib
+import io
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from serving_cases import free_port, offline_answer, tiny_chat_folders, tiny_chat_tokenizer, wait_for
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+pytest.importorskip("fastapi")
+pytest.importorskip("openai")
+import vaswani  # noqa: E402, F401  (registers the vaswani classes with the Auto classes)
+from vaswani.cli import main as vaswani_cli  # noqa: E402
+from vaswani.conversion.onnx import OrtModelForCausalLM  # noqa: E402
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def serve_section() -> str:
+    text = README.read_text()
+    start = text.index("\n## Serve")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def code_blocks(section: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", section, flags=re.S)
+
+
+def vaswani_commands(section: str) -> list[list[str]]:
+    """Every `vaswani ...` line of the section's bash blocks, split as a shell would (comments dropped)."""
+    commands = []
+    for block in code_blocks(section, "bash"):
+        for line in block.splitlines():
+            if line.startswith("vaswani "):
+                commands.append(shlex.split(line, comments=True)[1:])
+    return commands
+
+
+def swap(arguments: list[str], names: dict[str, str]) -> list[str]:
+    return [names.get(argument, argument) for argument in arguments]
+
+
+@pytest.fixture(scope="module")
+def journey(tmp_path_factory):
+    """The README's folders: `./smol-vaswani` (a PyTorch chat model) and what its export commands write."""
+    root = tmp_path_factory.mktemp("serve_journey")
+    torch_folder, _ = tiny_chat_folders(root, tiny_chat_tokenizer())
+    return root, {"./smol-vaswani": str(torch_folder)}
+
+
+def test_the_readme_serve_commands_export_serve_and_answer(journey):
+    root, names = journey
+    commands = vaswani_commands(serve_section())
+    exports = [command for command in commands if command[0] == "export"]
+    serves = [command for command in commands if command[0] == "serve" and "--ray" not in command]
+    assert exports and serves, "the README's serve section lost its commands"
+    for command in exports:
+        output = command[command.index("--output") + 1]
+        names[output] = str(root / Path(output).name)  # the served model keeps the README's name (smol-int8)
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            assert vaswani_cli(swap(command, names)) == 0, stderr.getvalue()
+    example = code_blocks(serve_section(), "python")[0]
+    curl = next(block for block in code_blocks(serve_section(), "bash") if block.startswith("curl"))
+    for command in serves:
+        port = free_port()
+        arguments = swap(command, {**names, "8000": str(port)})
+        served = Path(arguments[1]).name
+        with serve_process(arguments, port) as url:
+            check_greedy_answer(url, served, arguments[1])
+            if served == "smol-int8":  # the README's client example and curl name this folder
+                code = example.replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+                printed = io.StringIO()
+                with contextlib.redirect_stdout(printed):
+                    exec(compile(code, "README.md (serve example)", "exec"), {})
+                assert printed.getvalue().strip()
+                reply = subprocess.run(
+                    shlex.split(curl.replace("127.0.0.1:8000", f"127.0.0.1:{port}").replace("\\\n", " ")),
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+                assert reply.returncode == 0 and "data: [DONE]" in reply.stdout, reply.stdout + reply.stderr
+
+
+@contextlib.contextmanager
+def serve_process(arguments: list[str], port: int):
+    """`vaswani serve ARGUMENTS` as a process of its own; yields its base URL once /health answers."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "vaswani.cli", *arguments, "--threads", "1", "--log-level", "warning"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=os.environ.copy(),
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{url}/health").status_code == 200
+        except httpx.TransportError:
+            return process.poll() is not None
+
+    try:
+        assert wait_for(up, timeout=120) and process.poll() is None, process.stdout.read().decode()
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def check_greedy_answer(url: str, model: str, folder: str) -> None:
+    """A greedy chat answer of the served folder equals offline `generate`'s on the same prompt (ONNX Runtime's for
+    an export, PyTorch's for a PyTorch folder)."""
+    messages = [{"role": "user", "content": "Tell me a story."}]
+    body = {"model": model, "messages": messages, "max_tokens": 12, "temperature": 0}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    exported = (Path(folder) / "manifest.json").is_file()
+    offline = OrtModelForCausalLM.from_pretrained(folder) if exported else AutoModelForCausalLM.from_pretrained(folder)
+    prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+    text, _ = offline_answer(offline, tokenizer, prompt, 12)
+    assert response.json()["choices"][0]["message"]["content"] == text
