@@ -1,31 +1,43 @@
 """The model side of continuous batching: one decoding step over a batch whose rows are at different lengths, and the
-batch's cache, which rows join and leave between steps.
+batch's cache, which rows join and leave between steps. Two kinds of batch, one interface (`Batch`, `Prefill`), so
+that the scheduler never asks which graph it runs:
 
-A step model (`OrtStepModel` over an exported folder, `TorchStepModel` over a PyTorch one) runs the decoding graph on
-token ids, an attention mask and the cache tensors, and returns the last position's logits and the new cache. It is
-the lean generation loop's step (`OrtModelForCausalLM.run_step_arrays` on the CPU, `run_decoding_graph` with IO
-binding on CUDA), called by the scheduler instead of `generate`.
+- **Left-padded** (`RunningBatch`, `PrefillGroup`), for the portable export (`OrtStepModel`) and PyTorch
+  (`TorchStepModel`): a step model runs the decoding graph on token ids, an attention mask, positions and the cache
+  tensors, and returns the last position's logits and the new cache (the lean generation loop's step,
+  `OrtModelForCausalLM.run_step_arrays` on the CPU, `run_decoding_graph` with IO binding on CUDA). The cache of every
+  running sequence is one set of tensors, (batch, heads, length, head_dim) per layer, left-padded: a row's real tokens
+  end at the last column and the mask zeroes the padding before them, as in batched `generate` on left-padded
+  prompts. Prompts are prefilled apart from the batch (several left-padded together) and join it by `join`: the
+  shorter of the two caches is padded on the left and the rows concatenated, one copy of the cache. A sequence leaves
+  by dropping its row (`keep`); columns that only padding occupies after rows left are cut off (`trim`).
+- **Per-row lengths** (`GqaBatch`, `GqaPrefill`), for the GroupQueryAttention form that quantized and optimized
+  exports take (`GqaStepModel`, on `gqa_runtime.GqaDecoder`): each row holds its tokens at the front of its slot of
+  one in-place KV buffer per cache tensor, (slots, kv_heads, capacity, head_dim), and the graph reads each row's
+  length (`seqlens_k`) instead of a mask. A decoding step appends one token per row in place (no copy of the cache)
+  through an IO binding kept while the rows and the capacity stay the same; the capacity doubles when the longest row
+  needs it. A joining prompt is copied once into a free slot; a leaving row's slot takes the last row's cache.
 
-`RunningBatch` holds the cache of every running sequence in one set of tensors, (batch, heads, length, head_dim) per
-layer, left-padded: a row's real tokens end at the last column and the attention mask zeroes the padding before
-them, as in batched `generate` on left-padded prompts. Sequences join after their prompts were prefilled apart from
-the batch (`PrefillGroup`, several prompts left-padded together), by `join`: the shorter of the two caches is padded
-on the left and the rows concatenated, one copy of the cache, about what one decoding step copies anyway. A sequence
-leaves by dropping its row (`keep`). Columns that only padding occupies
-after rows left are cut off (`trim`) so that the others do not keep attending over them.
+Positions follow one rule everywhere, offline `generate`'s (`contract.positions_from_mask`): each token's count of
+real tokens before it. The GroupQueryAttention graph derives exactly that from the lengths.
 
-    >>> step = OrtStepModel(OrtModelForCausalLM.from_pretrained("exported"))
-    >>> logits, cache = step.run(ids, mask, positions, step.empty_cache(batch=1))
+    >>> step = OrtStepModel(OrtModelForCausalLM.from_pretrained("exported"))   # or step_model(...) for either form
+    >>> batch, group = step.new_batch(), step.prefill_group(sequences, prompts)
+    >>> first = group.run(columns=len(max(prompts, key=len)))                # one call: every prompt's logits
+    >>> batch.join(group, keep=list(range(len(sequences))))
+    >>> logits = batch.step(np.array([...]))                                   # one token per row
 """
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
+from ..conversion.onnx.contract import positions_from_mask
 from ..conversion.onnx.generation import OrtModelForCausalLM, store_in_cache, torch_threads
+from ..conversion.onnx.gqa_runtime import GqaDecoder
 from ..modeling import cache_of
 
 Array = Any  # numpy arrays on the CPU, torch tensors on a GPU
@@ -63,7 +75,57 @@ def pad_left(array: Array, columns: int) -> Array:
     return concat([zeros(array, (batch, heads, columns, head_dim)), array], axis=2)
 
 
-class OrtStepModel:
+class Prefill(Protocol):
+    """Prompts prefilled together, apart from the running batch, before they join it."""
+
+    rows: list[Any]  # the sequences, in the order of the logits `run` returns (a prefill may reorder them)
+
+    @property
+    def columns(self) -> int:
+        """The longest prompt: `run(columns)` feeds them all at once."""
+
+    @property
+    def tokens(self) -> int:
+        """Tokens one call over every column computes (padding included)."""
+
+    @property
+    def done(self) -> bool:
+        """Whether every prompt has been fed."""
+
+    def run(self, columns: int) -> np.ndarray:
+        """Feed the next `columns` columns of the prompts; returns (rows, vocab) float32 logits, each row's last
+        prompt token's once `done`."""
+
+
+class Batch(Protocol):
+    """The running sequences' cache: one token per row per `step`; rows join from a `Prefill` and leave."""
+
+    rows: list[Any]  # the sequence in each row
+
+    def __len__(self) -> int: ...
+
+    def join(self, group: Prefill, keep: list[int]) -> None:
+        """Add the rows `keep` (indices into `group.rows`) of a finished prefill."""
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        """Feed one token per row (`tokens`, (batch,) int64); returns the logits (batch, vocab) float32."""
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only the rows listed (indices into `rows`); `rows` then lists the kept sequences, in any order."""
+
+
+class PaddedStepModel:
+    """A step model whose batches are left-padded (`RunningBatch`, `PrefillGroup`): it runs
+    `run(input_ids, attention_mask, positions, past)` and makes `empty_cache(batch)`."""
+
+    def new_batch(self) -> "RunningBatch":
+        return RunningBatch(self)
+
+    def prefill_group(self, rows: list[Any], prompts: list[list[int]]) -> "PrefillGroup":
+        return PrefillGroup(self, rows, prompts)
+
+
+class OrtStepModel(PaddedStepModel):
     """One decoding step of an exported causal LM (`OrtModelForCausalLM`), on any batch and cache length."""
 
     def __init__(self, model: OrtModelForCausalLM):
@@ -98,7 +160,7 @@ class OrtStepModel:
         return logits[:, -1].float().cpu().numpy(), present
 
 
-class TorchStepModel:
+class TorchStepModel(PaddedStepModel):
     """The same step for a PyTorch `VaswaniForCausalLM`: the cache arrays wrap into a `DynamicCache` without a copy,
     and the updated one unwraps again."""
 
@@ -146,19 +208,23 @@ def context_length(config: Any) -> int:
 
 class PrefillGroup:
     """Prompts prefilled together: left-padded to the longest, fed in chunks of columns (`run`), so that one call
-    never holds more than a chosen number of tokens. Padding columns get position 0 and mask 0, as in `generate`."""
+    never holds more than a chosen number of tokens. Positions and mask as in `generate` (`positions_from_mask`)."""
 
-    def __init__(self, rows: list[Any], prompts: list[list[int]], empty_cache: list[Array]):
-        self.rows = rows
+    def __init__(self, model: PaddedStepModel, rows: list[Any], prompts: list[list[int]]):
+        self.model, self.rows = model, rows
         longest = max(len(prompt) for prompt in prompts)
         self.ids = np.zeros((len(prompts), longest), dtype=np.int64)
         self.mask = np.zeros((len(prompts), longest), dtype=np.int64)
         for i, prompt in enumerate(prompts):
             self.ids[i, longest - len(prompt) :] = prompt
             self.mask[i, longest - len(prompt) :] = 1
-        self.positions = np.maximum(self.mask.cumsum(axis=1) - 1, 0)
-        self.cache = empty_cache
+        self.positions = positions_from_mask(torch.from_numpy(self.mask)).numpy()
+        self.cache = model.empty_cache(len(prompts))
         self.filled = 0  # columns in `cache`
+
+    @property
+    def columns(self) -> int:
+        return self.ids.shape[1]
 
     @property
     def tokens(self) -> int:
@@ -168,11 +234,11 @@ class PrefillGroup:
     def done(self) -> bool:
         return self.filled == self.ids.shape[1]
 
-    def run(self, model: Any, columns: int) -> np.ndarray:
+    def run(self, columns: int) -> np.ndarray:
         """Feed the next `columns` columns; returns the logits of the last one (rows, vocab)."""
         start, end = self.filled, min(self.filled + columns, self.ids.shape[1])
         chunk = (self.ids[:, start:end], self.mask[:, :end], self.positions[:, start:end])
-        logits, self.cache = model.run(*(np.ascontiguousarray(array) for array in chunk), self.cache)
+        logits, self.cache = self.model.run(*(np.ascontiguousarray(array) for array in chunk), self.cache)
         self.filled = end
         return logits
 
@@ -188,7 +254,8 @@ class RunningBatch:
     `rows[i]` is the sequence in row i (any object; the scheduler's `Sequence`s).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, model: PaddedStepModel) -> None:
+        self.model = model
         self.rows: list[Any] = []
         self.cache: list[Array] = []
         self.mask = np.zeros((0, 0), dtype=np.int64)
@@ -200,11 +267,12 @@ class RunningBatch:
     def length(self) -> int:
         return self.mask.shape[1]
 
-    def join(self, rows: list[Any], cache: list[Array], mask: np.ndarray) -> None:
-        """Add prefilled sequences: their cache (len(rows), heads, length, head_dim) per tensor and their mask
-        (len(rows), length), left-padded like the batch's."""
-        if not rows:
+    def join(self, group: PrefillGroup, keep: list[int]) -> None:
+        """Add the rows `keep` of a prefilled group: their cache (len(keep), heads, length, head_dim) per tensor and
+        their mask (len(keep), length), left-padded like the batch's."""
+        if not keep:
             return
+        rows, cache, mask = group.keep(keep)
         if not self.rows:
             self.rows, self.cache, self.mask = list(rows), cache, mask
             return
@@ -214,10 +282,11 @@ class RunningBatch:
         self.mask = np.concatenate([np.pad(self.mask, ((0, 0), (own, 0))), np.pad(mask, ((0, 0), (new, 0)))])
         self.rows += rows
 
-    def step(self, model: Any, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Feed one token per row (`tokens` and their `positions`, (batch, 1)); returns the logits (batch, vocab)."""
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        """Feed one token per row (`tokens`, (batch,)); returns the logits (batch, vocab)."""
         mask = np.concatenate([self.mask, np.ones((len(self.rows), 1), dtype=np.int64)], axis=1)
-        logits, self.cache = model.run(tokens, mask, positions, self.cache)
+        positions = np.ascontiguousarray(positions_from_mask(torch.from_numpy(mask))[:, -1:].numpy())
+        logits, self.cache = self.model.run(tokens.reshape(-1, 1), mask, positions, self.cache)
         self.mask = mask
         return logits
 
@@ -241,3 +310,202 @@ class RunningBatch:
         if start >= min_columns:
             self.cache = [cut_columns(tensor, start) for tensor in self.cache]
             self.mask = np.ascontiguousarray(self.mask[:, start:])
+
+
+# ------------------------------------------------------------------------------ the GroupQueryAttention form
+
+
+class GqaStepModel:
+    """The step model of a GroupQueryAttention-form export (`OrtModelForCausalLM` whose `gqa` is set: quantized and
+    optimized exports on the CPU): its batches keep per-row lengths in in-place KV buffers (`GqaBatch`)."""
+
+    def __init__(self, model: OrtModelForCausalLM):
+        if model.gqa is None:
+            raise ValueError(f"{model.folder} holds the portable decoder form; serve it with OrtStepModel.")
+        self.model = model
+        self.decoder: GqaDecoder = model.gqa
+        self.vocab_size = model.manifest["vocab_size"]
+        self.context_length = min(context_length(model.config), self.decoder.max_positions)
+
+    def new_batch(self) -> "GqaBatch":
+        return GqaBatch(self.decoder)
+
+    def prefill_group(self, rows: list[Any], prompts: list[list[int]]) -> "GqaPrefill":
+        return GqaPrefill(self.decoder, rows, prompts)
+
+
+def step_model(model: OrtModelForCausalLM) -> "OrtStepModel | GqaStepModel":
+    """The step model for an exported causal LM, whichever attention form its export holds."""
+    return GqaStepModel(model) if model.gqa is not None else OrtStepModel(model)
+
+
+def kv_buffers(decoder: GqaDecoder, slots: int, capacity: int) -> list[torch.Tensor]:
+    """One (slots, kv_heads, capacity, head_dim) buffer per cache tensor, uninitialized: the kernel reads each row's
+    first `seqlens_k + 1` columns only, all of which it or a copy wrote."""
+    shape = (slots, decoder.kv_heads, capacity, decoder.head_dim)
+    return [torch.empty(shape) for _ in decoder.past_names]
+
+
+class GqaPrefill:
+    """Prompts prefilled together into buffers of their own, each at the front of its row (right-padded), fed in
+    chunks of columns. The rows are held longest prompt first, so that the rows a chunk still feeds are always the
+    first ones: a contiguous view of the buffers, and no row is ever fed zero tokens."""
+
+    def __init__(self, decoder: GqaDecoder, rows: list[Any], prompts: list[list[int]]):
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        self.decoder = decoder
+        self.rows = [rows[i] for i in order]
+        self.lengths = np.array([len(prompts[i]) for i in order], dtype=np.int64)
+        self.ids = torch.zeros(len(order), int(self.lengths[0]), dtype=torch.int64)
+        for row, i in enumerate(order):
+            self.ids[row, : len(prompts[i])] = torch.tensor(prompts[i])
+        self.buffers = kv_buffers(decoder, len(order), self.columns)
+        self.logits = np.zeros((len(order), decoder.vocab), dtype=np.float32)
+        self.filled = 0  # columns fed
+
+    @property
+    def columns(self) -> int:
+        return self.ids.shape[1]
+
+    @property
+    def tokens(self) -> int:
+        return self.ids.numel()
+
+    @property
+    def done(self) -> bool:
+        return self.filled == self.columns
+
+    def run(self, columns: int) -> np.ndarray:
+        """Feed the next `columns` columns of the rows whose prompts reach them; keep the logits of each prompt
+        whose last token is among them. Returns every row's logits so far (rows, vocab)."""
+        start, end = self.filled, min(self.filled + columns, self.columns)
+        active = int((self.lengths > start).sum())  # a prefix: longest first
+        lengths = torch.from_numpy(self.lengths[:active])
+        query = lengths.clamp(max=end) - start
+        last = lengths - 1 - start  # each row's last prompt token, as a column of this chunk
+        finishing = torch.nonzero(last < end - start).flatten()
+        wanted = torch.unique(last[finishing]) if finishing.numel() else torch.zeros(1, dtype=torch.long)
+        buffers = [buffer[:active] for buffer in self.buffers]
+        logits = self.decoder.run(self.ids[:active, start:end], query, start + query, buffers, wanted)
+        for row in finishing.tolist():
+            self.logits[row] = logits[row, int(torch.searchsorted(wanted, last[row]))].numpy()
+        self.filled = end
+        return self.logits
+
+
+class GqaBatch:
+    """The running sequences of a GroupQueryAttention-form export: row i's `lengths[i]` tokens at the front of slot i
+    of each KV buffer (slots, kv_heads, capacity, head_dim); rows 0..n-1 are the running ones, a contiguous view.
+
+    A step binds that view as both past and present (the kernel appends in place) with `seqlens_k` = the lengths;
+    the binding is kept while the rows and the buffers stay the same, so that a step only writes the tokens and the
+    lengths and runs. The buffers grow by doubling (capacity up to the rotary table's positions) and are let go when
+    the batch empties, so memory follows the longest running sequence rather than the context length.
+    """
+
+    def __init__(self, decoder: GqaDecoder):
+        self.decoder = decoder
+        self.rows: list[Any] = []
+        self.lengths = np.zeros(0, dtype=np.int64)  # tokens held per row
+        self.buffers: list[torch.Tensor] = []
+        self.binding: Any = None  # the IO binding of the current rows and buffers, None when they changed
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def slots(self) -> int:
+        return self.buffers[0].shape[0] if self.buffers else 0
+
+    @property
+    def capacity(self) -> int:
+        return self.buffers[0].shape[2] if self.buffers else 0
+
+    def reserve(self, slots: int, length: int) -> None:
+        """Make room for `slots` rows of `length` tokens: reallocate to the next powers of two (the capacity at most
+        the rotary table's positions) and copy the running rows over, if the buffers are smaller."""
+        if slots <= self.slots and length <= self.capacity:
+            return
+        self.decoder.check_capacity(length - 1)
+        capacity = min(grown(self.capacity, length, least=16), self.decoder.max_positions)
+        buffers = kv_buffers(self.decoder, grown(self.slots, slots, least=1), capacity)
+        rows, used = len(self.rows), int(self.lengths.max(initial=0))
+        if rows:
+            for new, old in zip(buffers, self.buffers):
+                new[:rows, :, :used] = old[:rows, :, :used]
+        self.buffers, self.binding = buffers, None
+
+    def join(self, group: GqaPrefill, keep: list[int]) -> None:
+        """Copy the rows `keep` of a prefilled group into the slots after the running rows (one copy of their
+        caches)."""
+        if not keep:
+            return
+        start, count = len(self.rows), len(keep)
+        lengths = group.lengths[keep]
+        longest = int(lengths.max())
+        self.reserve(start + count, max(longest, int(self.lengths.max(initial=0))) + 1)
+        contiguous = keep == list(range(count))
+        index = torch.tensor(keep)
+        for buffer, source in zip(self.buffers, group.buffers):
+            part = source[:count, :, :longest] if contiguous else source.index_select(0, index)[:, :, :longest]
+            buffer[start : start + count, :, :longest] = part
+        self.rows += [group.rows[i] for i in keep]
+        self.lengths = np.concatenate([self.lengths, lengths])
+        self.binding = None
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        """Feed one token per row (`tokens`, (batch,)); returns the logits (batch, vocab), a view of the output
+        buffer that the next step overwrites."""
+        longest = int(self.lengths.max()) + 1
+        self.reserve(len(self.rows), longest)
+        if self.binding is None:
+            self.bind()
+        self.tokens[:, 0] = tokens
+        self.seqlens[:] = self.lengths  # tokens after the step, minus one
+        self.total[...] = longest
+        self.decoder.session.run_with_iobinding(self.binding)
+        self.lengths += 1
+        return self.logits
+
+    def bind(self) -> None:
+        rows = len(self.rows)
+        feeds = {
+            "input_ids": torch.zeros(rows, 1, dtype=torch.int64),
+            "seqlens_k": torch.zeros(rows, dtype=torch.int32),
+            "total_sequence_length": torch.zeros((), dtype=torch.int32),
+            "query_seqlens": torch.ones(rows, dtype=torch.int32),
+            "logits_positions": torch.zeros(1, dtype=torch.int64),
+        }
+        logits = torch.empty(rows, 1, self.decoder.vocab)
+        views = [buffer[:rows] for buffer in self.buffers]
+        self.binding = self.decoder.bind(feeds, views, logits)
+        self.bound = (feeds, views, logits)  # the binding holds pointers: keep their owners alive
+        # Written through numpy views: a few microseconds a step instead of torch's dispatch.
+        self.tokens, self.seqlens = feeds["input_ids"].numpy(), feeds["seqlens_k"].numpy()
+        self.total, self.logits = feeds["total_sequence_length"].numpy(), logits.numpy()[:, 0]
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only the rows listed: each freed slot among the first len(rows) takes a kept row from beyond them
+        (one row's copy), so the running rows stay the first ones; the kept rows' order changes accordingly."""
+        if len(rows) == len(self.rows):
+            return
+        count, kept = len(rows), set(rows)
+        holes = [slot for slot in range(count) if slot not in kept]
+        movers = [slot for slot in rows if slot >= count]
+        for hole, mover in zip(holes, movers):
+            length = int(self.lengths[mover])
+            for buffer in self.buffers:
+                buffer[hole, :, :length] = buffer[mover, :, :length]
+            self.rows[hole], self.lengths[hole] = self.rows[mover], self.lengths[mover]
+        self.rows, self.lengths = self.rows[:count], self.lengths[:count].copy()
+        self.binding = None
+        if not count:
+            self.buffers = []  # let the memory go; the next join allocates what it needs
+
+
+def grown(size: int, needed: int, least: int) -> int:
+    """`size` (at least `least`) doubled until it holds `needed`."""
+    size = max(size, least)
+    while size < needed:
+        size *= 2
+    return size

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from .engine import OrtStepModel, TorchStepModel, context_length
+from .engine import TorchStepModel, context_length, step_model
 from .protocol import OpenAIError
 from .scheduler import Engine
 
@@ -173,7 +173,7 @@ def load_service(
             from ..conversion.onnx import OrtModelForCausalLM
 
             model = OrtModelForCausalLM.from_pretrained(folder, provider, session_options=session_options(threads))
-            engine = Engine(OrtStepModel(model), max_batch, max_waiting, prefill_chunk)
+            engine = Engine(step_model(model), max_batch, max_waiting, prefill_chunk)
             return GenerationService(name, tokenizer, engine, eos_ids(model.generation_config, tokenizer))
         if task in ENCODER_TASKS:
             from ..conversion.onnx import OrtModelForFeatureExtraction, OrtModelForSequenceClassification

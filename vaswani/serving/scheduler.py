@@ -1,9 +1,10 @@
 """Continuous batching: the engine thread that decodes every running sequence in one batch, one token per step.
 
 A submitted sequence waits in a bounded queue (`QueueFull` past it: the server answers 429), is prefilled apart from
-the running batch, together with the other waiting prompts that fit (`engine.PrefillGroup`, at most
-`max_prefill_tokens` padded tokens), joins the running batch at the next step and leaves it as soon as it finishes or
-its client goes away, without waiting for the others (`engine.RunningBatch`). While sequences are running, the
+the running batch, together with the other waiting prompts that fit (the step model's `prefill_group`, an
+`engine.Prefill`, at most `max_prefill_tokens` padded tokens), joins the running batch at the next step and leaves it
+as soon as it finishes or its client goes away, without waiting for the others (the step model's `new_batch`, an
+`engine.Batch`: left-padded for the portable form and PyTorch, per-row lengths for the GroupQueryAttention form). While sequences are running, the
 prompts are fed in chunks, one chunk between two decoding steps, so that joining prompts delay the running sequences
 by one chunk's time per step instead of by their whole prefill; a chunk holds `prefill_chunk` tokens times the
 number of joining prompts per running sequence (rounded up), so that a burst of new requests is not fed a few tokens
@@ -34,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .engine import PrefillGroup, RunningBatch
+from .engine import Batch, Prefill
 from .sampling import RowSampler, SamplingParams, TokenChoice, TokenLogprobs
 from .sampling import choose_tokens as choose_row_tokens
 
@@ -86,7 +87,8 @@ class Engine:
     """Runs a step model over a continuously changing batch of sequences, on a thread of its own.
 
     Args:
-        model: an `OrtStepModel` or `TorchStepModel`.
+        model: a step model (`engine.step_model(...)` of an export, or a `TorchStepModel`): it makes the batch
+            (`new_batch`) and the prefill groups (`prefill_group`), and knows `vocab_size` and `context_length`.
         max_batch: sequences decoded together at most; more wait.
         max_waiting: sequences waiting at most; `submit` raises `QueueFull` past it.
         prefill_chunk: prompt tokens (over all prompts of a group) fed between two decoding steps while sequences
@@ -103,8 +105,8 @@ class Engine:
         self.max_batch, self.max_waiting, self.prefill_chunk = max_batch, max_waiting, prefill_chunk
         self.max_prefill_tokens = max_prefill_tokens
         self.waiting: deque[Sequence] = deque()
-        self.prefilling: PrefillGroup | None = None
-        self.batch = RunningBatch()
+        self.prefilling: Prefill | None = None
+        self.batch: Batch = model.new_batch()
         self.wakeup = threading.Condition()
         self.ids = itertools.count()
         self.thread: threading.Thread | None = None
@@ -210,7 +212,7 @@ class Engine:
                 log.exception("decoding step failed")
                 self._fail_all(f"{type(error).__name__}: {error}")
 
-    def _next_group(self) -> PrefillGroup:
+    def _next_group(self) -> Prefill:
         """The waiting sequences that fit in the free slots and in `max_prefill_tokens` (the first always does)."""
         group = [self.waiting.popleft()]
         longest = len(group[0].prompt)
@@ -220,7 +222,7 @@ class Engine:
                 break
             group.append(self.waiting.popleft())
             longest = longer
-        return PrefillGroup(group, [sequence.prompt for sequence in group], self.model.empty_cache(len(group)))
+        return self.model.prefill_group(group, [sequence.prompt for sequence in group])
 
     def _iteration(self) -> None:
         self._drop_cancelled_waiting()
@@ -244,10 +246,10 @@ class Engine:
             with self.wakeup:  # reentrant: `_loop` calls this holding it
                 self.waiting = deque(sequence for sequence in self.waiting if not sequence.cancelled)
 
-    def _prefill(self, group: PrefillGroup) -> None:
+    def _prefill(self, group: Prefill) -> None:
         """One chunk of the group's prompts (all of them when nothing else runs); after the last chunk, their first
         tokens, and they join the batch."""
-        columns = group.ids.shape[1]
+        columns = group.columns
         if self.batch.rows:
             # The chunk grows with the number of prompts waiting per running sequence: a burst of new requests
             # beside one running sequence should not trickle in a few tokens per step, a lone newcomer beside a
@@ -255,7 +257,7 @@ class Engine:
             budget = self.prefill_chunk * -(-len(group.rows) // len(self.batch))
             columns = max(1, budget // len(group.rows))
         with self.timed("prefill"):
-            logits = group.run(self.model, columns)
+            logits = group.run(columns)
         if not group.done:
             return
         self.prefilling = None
@@ -264,7 +266,7 @@ class Engine:
         self._accept(group.rows, tokens)
         keep = [i for i, sequence in enumerate(group.rows) if not (sequence.finished or sequence.cancelled)]
         with self.timed("join"):
-            self.batch.join(*group.keep(keep))
+            self.batch.join(group, keep)
 
     def _decode_step(self) -> None:
         rows = self.batch.rows
@@ -273,10 +275,9 @@ class Engine:
         rows = self.batch.rows
         if not rows:
             return
-        tokens = np.array([[sequence.generated[-1]] for sequence in rows], dtype=np.int64)
-        positions = np.array([[sequence.position] for sequence in rows], dtype=np.int64)
+        tokens = np.array([sequence.generated[-1] for sequence in rows], dtype=np.int64)
         with self.timed("decode"):
-            logits = self.batch.step(self.model, tokens, positions)
+            logits = self.batch.step(tokens)
         self.steps += 1
         with self.timed("sampling"):
             tokens = choose_tokens(logits, rows)
