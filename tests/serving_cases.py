@@ -42,6 +42,26 @@ def tiny_chat_folders(root: Path, tokenizer) -> tuple[Path, Path]:
     return torch_folder, onnx_folder
 
 
+def tiny_gqa_chat_folder(root: Path, tokenizer) -> Path:
+    """A PyTorch folder of a tiny chat model that the GroupQueryAttention form fits (head_dim 16: ONNX Runtime's
+    kernel takes multiples of 16), for exports of every form."""
+    config = tiny_decoder_config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=CONTEXT,
+        position_embedding_type="rope",
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    model = build_model(VaswaniForCausalLM, config, "sdpa")
+    folder = root / "tiny-gqa-chat-pt"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 class ServerThread:
     """uvicorn serving `app` on 127.0.0.1 at a free port, in a daemon thread; `url` is its base address."""
 
