@@ -76,7 +76,9 @@ def offline(exported):
 
     def model(form: str) -> OrtModelForCausalLM:
         if form not in models:
-            models[form] = OrtModelForCausalLM.from_pretrained(exported(form), session_options=default_session_options(1))
+            models[form] = OrtModelForCausalLM.from_pretrained(
+                exported(form), session_options=default_session_options(1)
+            )
         return models[form]
 
     return model
@@ -136,3 +138,128 @@ def test_16_concurrent_chats_on_each_export_form_get_generates_answers(form, exp
         answers = asyncio.run(run_all())
     expected_texts = [tokenizer.decode(expected[case], skip_special_tokens=True) for case in cases]
     assert answers == expected_texts
+
+
+# ------------------------------------------------------------------- the GroupQueryAttention batch, at engine level
+
+
+def test_gqa_batch_rows_join_mid_stream_leave_early_and_grow_its_buffers_as_generate(offline, tokenizer):
+    """Driven by hand: a row decodes; three prompts are prefilled in chunks of 4 columns between its steps (the
+    longest first, so a chunk never feeds a row zero tokens) and two of them join (the third, say, finished at its
+    first token); the first row leaves, the last row moves into its slot; the buffers' capacity doubles three times. Every row's tokens equal offline greedy `generate` on its prompt alone."""
+    model = offline("int8")
+    step = step_model(model)
+    assert isinstance(step, GqaStepModel)
+    batch = step.new_batch()
+    prompts = {name: chat_prompt(tokenizer, QUESTIONS[i]) for name, i in (("a", 0), ("b", 1), ("c", 5), ("d", 4))}
+    tokens = {name: [] for name in prompts}
+    capacities, sizes = [], []
+
+    def decode(steps: int) -> None:
+        for _ in range(steps):
+            logits = batch.step(np.array([tokens[name][-1] for name in batch.rows]))
+            for name, token in zip(batch.rows, logits.argmax(-1).tolist()):
+                tokens[name].append(token)
+            capacities.append(batch.capacity)
+            sizes.append(len(batch))
+
+    first = step.prefill_group(["a"], [prompts["a"]])
+    tokens["a"].append(int(first.run(first.columns)[0].argmax()))
+    batch.join(first, [0])
+    decode(3)
+    group = step.prefill_group(["b", "c", "d"], [prompts[name] for name in "bcd"])
+    assert group.rows == ["c", "b", "d"]  # longest prompt first
+    chunks = 0
+    while not group.done:
+        logits = group.run(4)
+        chunks += 1
+        decode(1)
+    assert chunks >= 5
+    for name, row in zip(group.rows, logits.argmax(-1).tolist()):
+        tokens[name].append(row)
+    batch.join(group, [0, 2])  # "c" and "d"; "b" leaves before joining
+    assert batch.rows == ["a", "c", "d"]
+    decode(10)
+    batch.keep([1, 2])  # "a" leaves: "d", the last row, moves into its slot
+    assert batch.rows == ["d", "c"]
+    decode(90)
+    # Doubled from 32 (a's prompt) as a decoded, when c joined, and as c decoded.
+    assert len(prompts["c"]) + len(tokens["c"]) > 128
+    assert capacities[0] == 32 and sorted(set(capacities)) == [32, 64, 128, 256]
+    assert 3 in sizes and sizes[-1] == 2
+    for name in ("a", "c", "d"):
+        assert tokens[name] == generated(model, prompts[name], len(tokens[name])), name
+    assert tokens["b"] == generated(model, prompts["b"], 1)
+
+
+class RecordingGqaStepModel(GqaStepModel):
+    """The step model, recording (rows, columns) of every prefill call and (rows, capacity) of every decoding step."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.prefills, self.steps = [], []
+        run = self.decoder.run
+
+        def recorded(input_ids, *args):
+            self.prefills.append(tuple(input_ids.shape))
+            return run(input_ids, *args)
+
+        self.decoder = type(self.decoder)(model.gqa.session, model.manifest, model.gqa.max_positions)
+        self.decoder.run = recorded
+
+    def new_batch(self):
+        step_model, batch = self, GqaBatch(self.decoder)
+        original = batch.step
+
+        def step(tokens):
+            logits = original(tokens)
+            step_model.steps.append((len(batch), batch.capacity))
+            return logits
+
+        batch.step = step
+        return batch
+
+
+def test_engine_on_the_gqa_form_prefills_in_chunks_beside_running_rows(offline, tokenizer):
+    """The engine's scheduler on the GroupQueryAttention batch: five prompts of different lengths and answer lengths
+    join in chunks of 5 columns while a long answer decodes, leave at their own lengths, and all answers equal offline
+    `generate`."""
+    model = offline("int4")
+    step = RecordingGqaStepModel(model)
+    engine = Engine(step, max_batch=8, prefill_chunk=5)
+    prompts = [chat_prompt(tokenizer, question) for question in QUESTIONS[:5]]
+    lengths = [7, 30, 3, 18, 12]
+    answers, finished = {i: [] for i in range(len(prompts) + 1)}, threading.Semaphore(0)
+
+    def emitter(index):
+        def emit(event):
+            answers[index].append(event.token)
+            if event.finish_reason:
+                finished.release()
+
+        return emit
+
+    first = chat_prompt(tokenizer, QUESTIONS[6])
+    params = dict(temperature=0, ignore_eos=True)
+    engine.start()
+    try:
+        engine.submit(first, SamplingParams(max_tokens=120, **params), emitter(len(prompts)))
+        while len(answers[len(prompts)]) < 3:
+            threading.Event().wait(0.001)
+        for index, prompt in enumerate(prompts):
+            engine.submit(prompt, SamplingParams(max_tokens=lengths[index], **params), emitter(index))
+        for _ in range(len(prompts) + 1):
+            assert finished.acquire(timeout=30)
+    finally:
+        engine.stop()
+    for index, prompt in enumerate(prompts):
+        assert answers[index] == generated(model, prompt, lengths[index])
+    assert answers[len(prompts)] == generated(model, first, 120)
+    assert max(rows for rows, _ in step.steps) == 6 and step.steps[-1][0] == 1
+    assert any(columns < max(map(len, prompts)) for _, columns in step.prefills[1:])  # chunks, not whole prompts
+    assert len({capacity for _, capacity in step.steps}) > 1
+
+
+def test_gqa_form_on_cuda_is_refused_at_load_time_with_the_fix(exported):
+    with pytest.raises(ValueError, match="--attention portable"):
+        load_service(exported("int8"), provider="cuda")

@@ -168,9 +168,18 @@ def load_service(
             raise ValueError(
                 f"{folder} has no manifest.json: it is not an ONNX export. For a PyTorch folder pass --backend torch."
             )
-        task = json.loads((folder / "manifest.json").read_text())["task"]
+        manifest = json.loads((folder / "manifest.json").read_text())
+        task = manifest["task"]
         if task in GENERATION_TASKS:
             from ..conversion.onnx import OrtModelForCausalLM
+            from ..conversion.onnx.gqa_runtime import is_gqa_form
+
+            if provider != "cpu" and is_gqa_form(manifest):
+                raise ValueError(
+                    f"{folder} holds the GroupQueryAttention form of the decoder (what --quantize and --optimize "
+                    f"write), which runs on the CPU only; serve it with --device cpu, or export for {provider} with "
+                    "--attention portable."
+                )
 
             model = OrtModelForCausalLM.from_pretrained(folder, provider, session_options=session_options(threads))
             engine = Engine(step_model(model), max_batch, max_waiting, prefill_chunk)
