@@ -3,8 +3,9 @@
 Where things are:
 
 - `protocol.py`: the OpenAI request/response shapes, the checks on requests and the error bodies.
-- `engine.py`: one decoding step over a batch of sequences at different lengths (`OrtStepModel` on the ONNX lean
-  loop's step, `TorchStepModel` on PyTorch) and the running batch's left-padded cache (`RunningBatch`).
+- `engine.py`: one decoding step over a batch of sequences at different lengths and the running batch's cache:
+  left-padded (`RunningBatch`) for the portable export (`OrtStepModel`) and PyTorch (`TorchStepModel`), per-row
+  lengths in in-place KV buffers (`GqaBatch`) for the GroupQueryAttention form of quantized/optimized exports.
 - `scheduler.py`: the engine thread: admission, chunked prefill, one decoding step for every running sequence,
   per-row sampling, the queue limit.
 - `text.py`: incremental detokenization and stop strings for streams.

@@ -1,10 +1,9 @@
 """Continuous batching: the engine thread that decodes every running sequence in one batch, one token per step.
 
 A submitted sequence waits in a bounded queue (`QueueFull` past it: the server answers 429), is prefilled apart from
-the running batch, together with the other waiting prompts that fit (the step model's `prefill_group`, an
-`engine.Prefill`, at most `max_prefill_tokens` padded tokens), joins the running batch at the next step and leaves it
-as soon as it finishes or its client goes away, without waiting for the others (the step model's `new_batch`, an
-`engine.Batch`: left-padded for the portable form and PyTorch, per-row lengths for the GroupQueryAttention form). While sequences are running, the
+the running batch, together with the other waiting prompts that fit (an `engine.Prefill`, at most
+`max_prefill_tokens` padded tokens), joins the running batch at the next step and leaves it as soon as it finishes or
+its client goes away, without waiting for the others (an `engine.Batch`). While sequences are running, the
 prompts are fed in chunks, one chunk between two decoding steps, so that joining prompts delay the running sequences
 by one chunk's time per step instead of by their whole prefill; a chunk holds `prefill_chunk` tokens times the
 number of joining prompts per running sequence (rounded up), so that a burst of new requests is not fed a few tokens
@@ -18,7 +17,7 @@ row whose choice fails ends alone, with an error event, and the others go on.
 Each new token is handed to the sequence's `emit` callback on the engine thread; the server's callback moves it to
 its asyncio loop. ONNX Runtime releases the GIL while a step runs, so the event loop serves HTTP meanwhile.
 
-    >>> engine = Engine(OrtStepModel(model), max_batch=16)
+    >>> engine = Engine(step_model(model), max_batch=16)
     >>> engine.start()
     >>> engine.submit(prompt_ids, SamplingParams(max_tokens=64, temperature=0.0), emit=print)
 """
