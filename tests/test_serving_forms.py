@@ -109,24 +109,22 @@ def test_16_concurrent_chats_on_each_export_form_get_generates_answers(form, exp
     prompts = {question: chat_prompt(tokenizer, question) for question in QUESTIONS}
     expected = {case: generated(offline(form), prompts[case[0]], case[1]) for case in set(cases)}
 
-    async def chat(http: httpx.AsyncClient, index: int) -> list[int]:
+    async def chat(http: httpx.AsyncClient, index: int) -> str:
         question, max_tokens = cases[index]
         body = {
             "model": MODEL,
-            "prompt": prompts[question],
+            "messages": [{"role": "user", "content": question}],
             "max_tokens": max_tokens,
             "temperature": 0,
             "ignore_eos": True,
             "stream": index % 2 == 1,
         }
-        response = await http.post("/v1/completions", json=body)
+        response = await http.post("/v1/chat/completions", json=body)
         assert response.status_code == 200, response.text
         if index % 2:
             events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
-            text = "".join(event["choices"][0]["text"] for event in events)
-        else:
-            text = response.json()["choices"][0]["text"]
-        return text
+            return "".join(event["choices"][0]["delta"].get("content", "") for event in events if event["choices"])
+        return response.json()["choices"][0]["message"]["content"]
 
     async def run_all() -> list[str]:
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:

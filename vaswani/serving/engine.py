@@ -449,7 +449,7 @@ class GqaBatch:
         for buffer, source in zip(self.buffers, group.buffers):
             part = source[:count, :, :longest] if contiguous else source.index_select(0, index)[:, :, :longest]
             buffer[start : start + count, :, :longest] = part
-        self.rows += [group.rows[i] for i in keep]
+        self.rows = self.rows + [group.rows[i] for i in keep]
         self.lengths = np.concatenate([self.lengths, lengths])
         self.binding = None
 
@@ -468,6 +468,8 @@ class GqaBatch:
         return self.logits
 
     def bind(self) -> None:
+        """Bind the running rows' view of the buffers and the step's inputs and logits, which `step` then writes in
+        place: one binding for every step until a row joins or leaves or the buffers grow."""
         rows = len(self.rows)
         feeds = {
             "input_ids": torch.zeros(rows, 1, dtype=torch.int64),
@@ -492,12 +494,13 @@ class GqaBatch:
         count, kept = len(rows), set(rows)
         holes = [slot for slot in range(count) if slot not in kept]
         movers = [slot for slot in rows if slot >= count]
+        sequences, lengths = self.rows[:count], self.lengths[:count].copy()  # new objects: callers may hold the old
         for hole, mover in zip(holes, movers):
             length = int(self.lengths[mover])
             for buffer in self.buffers:
                 buffer[hole, :, :length] = buffer[mover, :, :length]
-            self.rows[hole], self.lengths[hole] = self.rows[mover], self.lengths[mover]
-        self.rows, self.lengths = self.rows[:count], self.lengths[:count].copy()
+            sequences[hole], lengths[hole] = self.rows[mover], self.lengths[mover]
+        self.rows, self.lengths = sequences, lengths
         self.binding = None
         if not count:
             self.buffers = []  # let the memory go; the next join allocates what it needs
