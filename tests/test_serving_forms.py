@@ -135,6 +135,7 @@ def test_16_concurrent_chats_on_each_export_form_get_generates_answers(form, exp
     with serving(create_app(service)) as server:
         answers = asyncio.run(run_all())
     expected_texts = [tokenizer.decode(expected[case], skip_special_tokens=True) for case in cases]
+    assert len(set(expected_texts)) == len(cases)  # 16 different answers: a swapped or repeated row would show
     assert answers == expected_texts
 
 
