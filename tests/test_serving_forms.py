@@ -262,3 +262,46 @@ def test_engine_on_the_gqa_form_prefills_in_chunks_beside_running_rows(offline, 
 def test_gqa_form_on_cuda_is_refused_at_load_time_with_the_fix(exported):
     with pytest.raises(ValueError, match="--attention portable"):
         load_service(exported("int8"), provider="cuda")
+
+
+def test_seeded_sampling_on_the_gqa_form_equals_generate_alone_and_beside_others(offline, tokenizer):
+    """One sampler for both forms: on the int8 (GroupQueryAttention) folder, a seeded sampled answer is
+    `generate(do_sample=True)`'s under the same seed, whether it runs alone or beside two other sampled rows."""
+    model = offline("int8")
+    prompts = [chat_prompt(tokenizer, question) for question in QUESTIONS[:3]]
+    values = dict(temperature=0.8, top_p=0.9, repetition_penalty=1.2)
+    torch.manual_seed(5)
+    with torch.inference_mode():
+        output = model.generate(
+            torch.tensor([prompts[0]]), max_new_tokens=30, min_new_tokens=30, do_sample=True, top_k=0, **values
+        )
+    expected = output[0, len(prompts[0]) :].tolist()
+    others = [SamplingParams(max_tokens=20 + 10 * i, temperature=1.0, seed=i, ignore_eos=True) for i in range(2)]
+    seeded = SamplingParams(max_tokens=30, seed=5, ignore_eos=True, **values)
+    assert served_tokens(model, [(prompts[0], seeded)])[0] == expected
+    assert served_tokens(model, [(prompts[0], seeded), *zip(prompts[1:], others)])[0] == expected
+
+
+def served_tokens(model: OrtModelForCausalLM, requests: list[tuple[list[int], SamplingParams]]) -> list[list[int]]:
+    """Each request's tokens from an engine over `model`, every request submitted before it starts."""
+    answers, finished = [[] for _ in requests], threading.Semaphore(0)
+
+    def emitter(index):
+        def emit(event):
+            if event.token is not None:
+                answers[index].append(event.token)
+            if event.finish_reason:
+                finished.release()
+
+        return emit
+
+    engine = Engine(step_model(model), max_batch=4)
+    for index, (prompt, params) in enumerate(requests):
+        engine.submit(prompt, params, emitter(index))
+    engine.start()
+    try:
+        for _ in requests:
+            assert finished.acquire(timeout=30)
+    finally:
+        engine.stop()
+    return answers
