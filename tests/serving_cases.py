@@ -1,7 +1,9 @@
 """Shared pieces of the server tests: tiny chat models exported with a ChatML tokenizer, and a uvicorn server running
 an app on a free loopback port in a thread."""
 
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from contextlib import contextmanager
@@ -114,3 +116,17 @@ def wait_for(condition, timeout: float = 20.0, interval: float = 0.02) -> bool:
             return True
         time.sleep(interval)
     return False
+
+
+def self_signed_certificate(folder: Path) -> tuple[Path, Path] | None:
+    """(key, certificate) for 127.0.0.1, made with the openssl command, or None without it."""
+    if shutil.which("openssl") is None:
+        return None
+    key, certificate = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(certificate)],
+        check=True,
+        capture_output=True,
+    )
+    return key, certificate

@@ -19,7 +19,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serving_cases import free_port, offline_answer, tiny_chat_tokenizer, tiny_gqa_chat_folder, wait_for
+from serving_cases import (
+    free_port,
+    offline_answer,
+    self_signed_certificate,
+    tiny_chat_tokenizer,
+    tiny_gqa_chat_folder,
+    wait_for,
+)
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 pytest.importorskip("fastapi")
@@ -43,10 +50,11 @@ def code_blocks(section: str, language: str) -> list[str]:
 
 
 def vaswani_commands(section: str) -> list[list[str]]:
-    """Every `vaswani ...` line of the section's bash blocks, split as a shell would (comments dropped)."""
+    """Every `vaswani ...` command of the section's bash blocks (continued lines joined), split as a shell would,
+    comments dropped."""
     commands = []
     for block in code_blocks(section, "bash"):
-        for line in block.splitlines():
+        for line in block.replace("\\\n", " ").splitlines():
             if line.startswith("vaswani "):
                 commands.append(shlex.split(line, comments=True)[1:])
     return commands
@@ -81,12 +89,24 @@ def test_the_readme_serve_commands_export_serve_and_answer(journey):
             assert manifest["attention_form"] == FORM_GQA, manifest.get("attention_form_note")
     example = code_blocks(serve_section(), "python")[0]
     curl = next(block for block in code_blocks(serve_section(), "bash") if block.startswith("curl"))
+    certificate = self_signed_certificate(root)
     for command in serves:
         port = free_port()
-        arguments = swap(command, {**names, "8000": str(port)})
+        # Tests bind loopback only; the README's key and certificate files are made here.
+        local = {"8000": str(port), "8443": str(port), "0.0.0.0": "127.0.0.1"}
+        if certificate is not None:
+            local |= {"key.pem": str(certificate[0]), "cert.pem": str(certificate[1])}
+        elif "--ssl-keyfile" in command:
+            continue  # no openssl to make a certificate with
+        arguments = swap(command, {**names, **local})
         served = Path(arguments[1]).name
-        with serve_process(arguments, port) as url:
-            check_greedy_answer(url, served, arguments[1])
+        tls = "--ssl-certfile" in arguments
+        api_key = "journey-key" if tls else None  # the README's TLS command runs with VASWANI_API_KEY exported
+        with serve_process(arguments, port, tls, api_key) as (url, http):
+            check_greedy_answer(http, served, arguments[1])
+            if api_key is not None:
+                assert http.post("/v1/chat/completions", headers={"Authorization": "Bearer wrong"}).status_code == 401
+                continue
             if served == "smol-int8":  # the README's client example and curl name this folder
                 code = example.replace("127.0.0.1:8000", f"127.0.0.1:{port}")
                 printed = io.StringIO()
@@ -103,36 +123,44 @@ def test_the_readme_serve_commands_export_serve_and_answer(journey):
 
 
 @contextlib.contextmanager
-def serve_process(arguments: list[str], port: int):
-    """`vaswani serve ARGUMENTS` as a process of its own; yields its base URL once /health answers."""
+def serve_process(arguments: list[str], port: int, tls: bool, api_key: str | None):
+    """`vaswani serve ARGUMENTS` as a process of its own (with `VASWANI_API_KEY` set when `api_key` is given);
+    yields its base URL and an HTTP client for it (sending the key) once /health answers."""
+    environment = os.environ.copy()
+    if api_key is not None:
+        environment["VASWANI_API_KEY"] = api_key
     process = subprocess.Popen(
         [sys.executable, "-m", "vaswani.cli", *arguments, "--threads", "1", "--log-level", "warning"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env=os.environ.copy(),
+        env=environment,
     )
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    certificate = arguments[arguments.index("--ssl-certfile") + 1] if tls else True
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    http = httpx.Client(base_url=url, verify=certificate, headers=headers, timeout=120)
 
     def up() -> bool:
         try:
-            return httpx.get(f"{url}/health").status_code == 200
+            return http.get("/health").status_code == 200
         except httpx.TransportError:
             return process.poll() is not None
 
     try:
         assert wait_for(up, timeout=120) and process.poll() is None, process.stdout.read().decode()
-        yield url
+        yield url, http
     finally:
+        http.close()
         process.terminate()
         process.wait(timeout=60)
 
 
-def check_greedy_answer(url: str, model: str, folder: str) -> None:
+def check_greedy_answer(http: httpx.Client, model: str, folder: str) -> None:
     """A greedy chat answer of the served folder equals offline `generate`'s on the same prompt (ONNX Runtime's for
     an export, PyTorch's for a PyTorch folder)."""
     messages = [{"role": "user", "content": "Tell me a story."}]
     body = {"model": model, "messages": messages, "max_tokens": 12, "temperature": 0}
-    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+    response = http.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
     tokenizer = AutoTokenizer.from_pretrained(folder)
     exported = (Path(folder) / "manifest.json").is_file()

@@ -11,7 +11,6 @@ import copy
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import ssl
@@ -27,6 +26,7 @@ from serving_cases import (
     CONTEXT,
     free_port,
     offline_answer,
+    self_signed_certificate,
     serving,
     tiny_chat_folders,
     tiny_chat_tokenizer,
@@ -77,20 +77,6 @@ def chat_prompt(tokenizer, question: str) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------- lifecycle: disconnects, SIGTERM
-
-
-def self_signed_certificate(folder: Path) -> tuple[Path, Path] | None:
-    """(key, certificate) for 127.0.0.1, made with the openssl command, or None without it."""
-    if shutil.which("openssl") is None:
-        return None
-    key, certificate = folder / "key.pem", folder / "cert.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
-        + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(certificate)],
-        check=True,
-        capture_output=True,
-    )
-    return key, certificate
 
 
 def test_sigterm_drains_a_running_stream_and_a_vanished_non_streamed_client_holds_nothing(folders, tmp_path):

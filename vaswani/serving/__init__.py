@@ -7,7 +7,8 @@ Where things are:
   left-padded (`RunningBatch`) for the portable export (`OrtStepModel`) and PyTorch (`TorchStepModel`), per-row
   lengths in in-place KV buffers (`GqaBatch`) for the GroupQueryAttention form of quantized/optimized exports.
 - `scheduler.py`: the engine thread: admission, chunked prefill, one decoding step for every running sequence,
-  per-row sampling, the queue limit.
+  the queue limit, the watchdog's liveness.
+- `sampling.py`: each row's token: transformers' own logits processors and a seeded draw, as offline `generate`.
 - `text.py`: incremental detokenization and stop strings for streams.
 - `models.py`: loading a folder into a service (generation, embeddings, classification).
 - `app.py`: the FastAPI routes and server-sent events.
