@@ -21,7 +21,7 @@ serve = pytest.importorskip("ray.serve")
 openai = pytest.importorskip("openai")
 
 from vaswani.conversion.onnx import OrtModelForCausalLM, default_session_options  # noqa: E402
-from vaswani.serving.ray_app import build_ray_app, load_runtime_env, replica_max_ongoing_requests  # noqa: E402
+from vaswani.serving.ray_app import build_ray_app  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESSAGES = [{"role": "user", "content": "Tell me a story about a cat."}]
@@ -162,6 +162,8 @@ def test_the_deployment_reserves_gpus_with_cuda_and_carries_the_runtime_env(tiny
     """What Ray is asked for, read from the built deployment (no GPU here): `--device cuda` reserves one GPU per
     replica by default (it reserved none), `--gpus-per-replica` sets it, the CPU default reserves none, the runtime
     env reaches the replicas' actor options, and the router may send more than the engine holds."""
+    from vaswani.serving.ray_app import replica_max_ongoing_requests
+
     folder = str(tiny[0])
 
     def deployment(**options):
@@ -180,6 +182,8 @@ def test_the_deployment_reserves_gpus_with_cuda_and_carries_the_runtime_env(tiny
 
 
 def test_runtime_env_option_reads_json_text_and_json_or_yaml_files(tmp_path):
+    from vaswani.serving.ray_app import load_runtime_env
+
     runtime_env = {"env_vars": {"A": "1"}, "working_dir": "/shared/code"}
     assert load_runtime_env(json.dumps(runtime_env)) == runtime_env
     (tmp_path / "env.json").write_text(json.dumps(runtime_env))
