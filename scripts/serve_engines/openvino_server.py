@@ -76,6 +76,9 @@ class Engine:
                 else:
                     loop.call_soon_threadsafe(tokens.put_nowait, None)
             active = still
+            # Let the event loop send what this step made before the next step takes the GIL back: without it the
+            # chunks of several steps went out together (inter-token gaps of 0 ms, then one long one).
+            time.sleep(0)
 
 
 def create_app(engine: Engine, tokenizer, name: str) -> FastAPI:
