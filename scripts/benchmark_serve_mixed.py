@@ -414,7 +414,14 @@ def report(results: dict, args, command: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engines", nargs="+", default=ENGINES, choices=ENGINES)
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        default=[engine for engine in ENGINES if not engine.startswith("llama-cpp-python")],
+        choices=ENGINES,
+        help="default: all but llama-cpp-python's server, which answers one request at a time (llama-server is "
+        "llama.cpp's batching server)",
+    )
     parser.add_argument("--rates", nargs="+", type=float, default=[2.0, 8.0, math.inf], help="requests/s (inf)")
     parser.add_argument("--num-prompts", type=int, default=24, help="requests per rate")
     parser.add_argument("--input-len", type=int, default=128)
@@ -442,6 +449,8 @@ def main() -> None:
     args = parser.parse_args()
     args.rates = [math.inf if math.isinf(rate) else rate for rate in args.rates]
     command = "python scripts/benchmark_serve_mixed.py " + shlex.join(sys.argv[1:])
+    # SIGTERM (timeout, a job manager) unwinds like Ctrl-C, so that the server being measured is stopped too.
+    signal.signal(signal.SIGTERM, _interrupt)
     began = time.time()
 
     paths, skipped = prepare(args, args.engines)
@@ -528,9 +537,9 @@ def main() -> None:
                             "summary": summary,
                             "errors": [record.error for record in records if record.error][:5],
                             "requests": [
-                                {
-                                    "sent": record.sent,
-                                    "chunks": record.chunks,
+                                {  # seconds from the run's first request, to 0.1 ms (the file stays small)
+                                    "sent": round(record.sent - records[0].sent, 4),
+                                    "chunks": [round(chunk - records[0].sent, 4) for chunk in record.chunks],
                                     "output_tokens": record.output_tokens,
                                     "expected_tokens": record.expected_tokens,
                                     "prompt_tokens": record.prompt_tokens,
@@ -553,6 +562,10 @@ def main() -> None:
             save()
     save()
     print(report(results, args, command))
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

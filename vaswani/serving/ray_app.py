@@ -134,7 +134,9 @@ def load_runtime_env(value: str | None) -> dict[str, Any] | None:
                 f"--runtime-env {value!r} is neither a JSON object nor an existing file ({error})."
             ) from None
     if not isinstance(runtime_env, dict):
-        raise ValueError(f"--runtime-env must hold a JSON object (Ray's runtime_env), not {type(runtime_env).__name__}.")
+        raise ValueError(
+            f"--runtime-env must hold a JSON object (Ray's runtime_env), not {type(runtime_env).__name__}."
+        )
     return runtime_env
 
 
