@@ -272,10 +272,31 @@ def _add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         help="prompt tokens fed between two decoding steps while others run, times the joining prompts per running "
         "sequence (32)",
     )
-    parser.add_argument("--ray", action="store_true", help="run replicas behind Ray Serve (needs ray[serve])")
-    parser.add_argument("--replicas", type=int, default=1, help="with --ray: replicas of the app (1)")
-    parser.add_argument("--cpus-per-replica", type=float, default=1.0, help="with --ray: CPUs Ray reserves per replica")
-    parser.add_argument("--ray-address", help="with --ray: the Ray cluster to join (default: start a local one)")
+    ray = parser.add_argument_group("Ray Serve (--ray)")
+    ray.add_argument("--ray", action="store_true", help="run replicas behind Ray Serve (needs ray[serve])")
+    ray.add_argument("--replicas", type=int, default=1, help="replicas of the app (1)")
+    ray.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs Ray reserves per replica (1)")
+    ray.add_argument(
+        "--gpus-per-replica", type=float, help="GPUs Ray reserves per replica (default: 1 with --device cuda, else 0)"
+    )
+    ray.add_argument("--ray-address", help="the Ray cluster to join, e.g. auto (default: start a local one)")
+    ray.add_argument(
+        "--ray-app-name",
+        help="the Ray application's name (default: the model id); one per model, so models share a cluster",
+    )
+    ray.add_argument(
+        "--route-prefix", default="/", help="the HTTP path the model's routes live under, e.g. /smol (default: /)"
+    )
+    ray.add_argument(
+        "--runtime-env",
+        help="Ray's runtime_env for the replicas: a JSON object, or the path of a JSON or YAML file holding one",
+    )
+    ray.add_argument(
+        "--max-ongoing-requests",
+        type=int,
+        help="requests Ray sends one replica at once (default: 2 x (max-batch + max-waiting), so that the replica's "
+        "own 429 is reached rather than Ray queueing in front of it)",
+    )
     parser.set_defaults(run=_run_serve)
 
 
@@ -298,7 +319,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     )
     try:
         if args.ray:
-            from .serving.ray_app import serve_with_ray
+            from .serving.ray_app import load_runtime_env, serve_with_ray
 
             serve_with_ray(
                 args.folder,
@@ -307,6 +328,11 @@ def _run_serve(args: argparse.Namespace) -> int:
                 host=args.host,
                 port=args.port,
                 address=args.ray_address,
+                app_name=args.ray_app_name,
+                route_prefix=args.route_prefix,
+                gpus_per_replica=args.gpus_per_replica,
+                runtime_env=load_runtime_env(args.runtime_env),
+                max_ongoing_requests=args.max_ongoing_requests,
                 **options,
             )
             return 0
