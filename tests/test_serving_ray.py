@@ -78,8 +78,8 @@ def answers(url: str) -> bool:
         return False
 
 
-def chat(url: str, model: str) -> str:
-    client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+def chat(url: str, model: str, api_key: str = "unused") -> str:
+    client = openai.OpenAI(base_url=url + "/v1", api_key=api_key)
     reply = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=16, temperature=0)
     return reply.choices[0].message.content
 
@@ -113,7 +113,7 @@ def test_a_second_model_runs_beside_the_first_and_stopping_it_deletes_only_its_o
     command = [sys.executable, "-m", "vaswani.cli", "serve", str(folder), "--ray", "--port", str(port)]
     command += ["--ray-address", ray.get_runtime_context().gcs_address, "--model-name", "second"]
     command += ["--route-prefix", "/second", "--cpus-per-replica", "0.5", "--max-batch", "2"]
-    command += ["--runtime-env", json.dumps({"env_vars": worktree_env()})]
+    command += ["--runtime-env", json.dumps({"env_vars": worktree_env()}), "--api-key", "second-key"]
     process = subprocess.Popen(
         command, env={**os.environ, **worktree_env()}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -124,7 +124,9 @@ def test_a_second_model_runs_beside_the_first_and_stopping_it_deletes_only_its_o
             assert time.monotonic() < deadline, "the second model did not come up in 180 s"
             time.sleep(0.5)
         assert set(serve.status().applications) >= {"tiny", "second"}
-        assert chat(url + "/second", "second") == expected
+        assert chat(url + "/second", "second", api_key="second-key") == expected  # the replicas check the key
+        refused = httpx.post(url + "/second/v1/chat/completions", json={"model": "second", "messages": MESSAGES})
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
         assert chat(url, folder.name) == expected  # the first model, untouched
     finally:
         process.send_signal(signal.SIGTERM)

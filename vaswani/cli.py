@@ -301,13 +301,16 @@ def _add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    # Ray's replicas build their apps themselves (ray_app.py), without these options: refuse rather than serve without
-    # the key or TLS the operator asked for.
-    asked = [name for name in ("api_key", "allowed_origins", "ssl_keyfile", "request_timeout") if getattr(args, name)]
-    if args.ray and asked:
-        named = ", ".join("--" + name.replace("_", "-") for name in asked)
-        print(f"error: {named} cannot be combined with --ray yet (VASWANI_API_KEY counts too).", file=sys.stderr)
+    if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
+        print("error: HTTPS needs both --ssl-keyfile and --ssl-certfile.", file=sys.stderr)
         return 2
+    origins = [origin.strip() for value in args.allowed_origins or [] for origin in value.split(",") if origin]
+    app_options = dict(
+        api_key=args.api_key or None,
+        allowed_origins=origins,
+        max_body_bytes=args.max_body_bytes,
+        request_timeout=args.request_timeout,
+    )
     options = dict(
         backend=args.backend,
         provider=args.device,
@@ -333,6 +336,9 @@ def _run_serve(args: argparse.Namespace) -> int:
                 gpus_per_replica=args.gpus_per_replica,
                 runtime_env=load_runtime_env(args.runtime_env),
                 max_ongoing_requests=args.max_ongoing_requests,
+                app_options=app_options,
+                ssl_keyfile=args.ssl_keyfile,
+                ssl_certfile=args.ssl_certfile,
                 **options,
             )
             return 0
@@ -340,18 +346,9 @@ def _run_serve(args: argparse.Namespace) -> int:
 
         from .serving import create_app, load_service
 
-        if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
-            raise ValueError("HTTPS needs both --ssl-keyfile and --ssl-certfile.")
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         service = load_service(args.folder, **options)
-        origins = [origin.strip() for value in args.allowed_origins or [] for origin in value.split(",") if origin]
-        app = create_app(
-            service,
-            api_key=args.api_key or None,
-            allowed_origins=origins,
-            max_body_bytes=args.max_body_bytes,
-            request_timeout=args.request_timeout,
-        )
+        app = create_app(service, **app_options)
     except ImportError as error:
         print(f"error: {error}. Install the server's dependencies: pip install 'vaswani[serve]'", file=sys.stderr)
         return 2

@@ -58,7 +58,7 @@ class RequestContext:
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            path = scope["path"]
+            path = route_path(scope)
             if self.metrics is not None:
                 self.metrics.requests.labels(path if path in self.routes else "other", str(status)).inc()
             client = scope.get("client")
@@ -82,7 +82,7 @@ class ApiKeyCheck:
         self.app, self.api_key = app, api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] != "OPTIONS" and is_api_path(scope["path"]):
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and is_api_path(route_path(scope)):
             scheme, _, key = Headers(scope=scope).get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not key.strip():
                 message = "Missing API key: send the header 'Authorization: Bearer KEY' with the server's API key."
@@ -96,6 +96,14 @@ class ApiKeyCheck:
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+def route_path(scope: Scope) -> str:
+    """The request's path within the app: under a route prefix (Ray Serve's `--route-prefix`, uvicorn's
+    `--root-path`) the ASGI `path` starts with the prefix, which `root_path` holds; without this, "/other/v1/..."
+    would not be seen as an API path and would skip the key check."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root) :] or "/" if root and path.startswith(root) else path
 
 
 def is_api_path(path: str) -> bool:

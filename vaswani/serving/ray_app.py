@@ -37,14 +37,15 @@ class VaswaniReplica:
     """One replica: a service loaded from the folder and the FastAPI app over it (Ray builds the app after the
     constructor, on the replica, through `__serve_build_asgi_app__`)."""
 
-    def __init__(self, folder: str, options: dict[str, Any]):
+    def __init__(self, folder: str, options: dict[str, Any], app_options: dict[str, Any] | None = None):
         self.service = load_service(folder, **options)
+        self.app_options = app_options or {}
         engine = getattr(self.service, "engine", None)
         if engine is not None:
             engine.start()  # idempotent; Ray may or may not run the app's lifespan
 
     def __serve_build_asgi_app__(self):
-        return create_app(self.service)
+        return create_app(self.service, **self.app_options)
 
 
 def replica_max_ongoing_requests(max_batch: int = 16, max_waiting: int = 64) -> int:
@@ -62,6 +63,7 @@ def build_ray_app(
     gpus_per_replica: float | None = None,
     runtime_env: dict[str, Any] | None = None,
     max_ongoing_requests: int | None = None,
+    app_options: dict[str, Any] | None = None,
     **options: Any,
 ):
     """The Ray Serve application (a bound deployment) of `replicas` replicas serving `folder`.
@@ -69,8 +71,9 @@ def build_ray_app(
     Each replica reserves `cpus_per_replica` CPUs and `gpus_per_replica` GPUs (default: 1 when `options` ask for
     `provider="cuda"`, else 0), runs in `runtime_env` (Ray's runtime environment: `env_vars`, `pip`,
     `working_dir`, ...), and is sent at most `max_ongoing_requests` requests at once (default:
-    `replica_max_ongoing_requests`, so that the engine's own queue limit, and its 429, is reached). `options` go to
-    `load_service` (`threads` defaults to the CPUs reserved).
+    `replica_max_ongoing_requests`, so that the engine's own queue limit, and its 429, is reached). `app_options`
+    go to each replica's `create_app` (`api_key`, `allowed_origins`, `max_body_bytes`, `request_timeout`), `options`
+    to `load_service` (`threads` defaults to the CPUs reserved).
 
         >>> app = build_ray_app("onnx-folder", replicas=2, provider="cuda")    # one GPU per replica
     """
@@ -103,7 +106,7 @@ def build_ray_app(
         ray_actor_options=actor_options,
         max_ongoing_requests=max_ongoing_requests,
     )
-    return deployment.bind(folder, options)
+    return deployment.bind(folder, options, app_options or {})
 
 
 def application_name(folder: str, model_name: str | None = None) -> str:
@@ -177,24 +180,30 @@ def serve_with_ray(
     gpus_per_replica: float | None = None,
     runtime_env: dict[str, Any] | None = None,
     max_ongoing_requests: int | None = None,
+    app_options: dict[str, Any] | None = None,
+    ssl_keyfile: str | None = None,
+    ssl_certfile: str | None = None,
     **options: Any,
 ) -> None:
     """Start (or join, with `address`, e.g. "auto") a Ray cluster, run the app on it as `app_name` (default: the
-    model's name) under `route_prefix`, and serve HTTP on `host:port` until interrupted; then delete this application
-    only (other applications on a shared cluster keep running)."""
+    model's name) under `route_prefix`, and serve HTTP on `host:port` (HTTPS with `ssl_keyfile` and `ssl_certfile`,
+    through Ray's proxy) until interrupted; then delete this application only (other applications on a shared
+    cluster keep running). `app_options` go to each replica's `create_app` (the API key, CORS, body limit, request
+    timeout)."""
     import ray
     from ray import serve
 
     name = app_name or application_name(folder, options.get("name"))
     app = build_ray_app(
-        folder, replicas, cpus_per_replica, gpus_per_replica, runtime_env, max_ongoing_requests, **options
+        folder, replicas, cpus_per_replica, gpus_per_replica, runtime_env, max_ongoing_requests, app_options, **options
     )
     ray.init(address=address, include_dashboard=False, ignore_reinit_error=True)
     # SIGTERM (a process manager, `timeout`) stops this application as Ctrl-C does, also while it is deploying.
     signal.signal(signal.SIGTERM, _interrupt)
     owned = False  # from the moment serve.run may have created it, this application is ours to delete
     try:
-        serve.start(http_options={"host": host, "port": port})
+        tls = {"ssl_keyfile": ssl_keyfile, "ssl_certfile": ssl_certfile} if ssl_keyfile else {}
+        serve.start(http_options={"host": host, "port": port, **tls})
         refuse_taken_name(name)
         owned = True
         deploy(app, name, route_prefix)
