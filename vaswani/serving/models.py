@@ -158,10 +158,11 @@ def load_service(
     """Load `folder` for serving: an exported ONNX folder (`backend="onnx"`, on `provider` "cpu" or "cuda") or a
     PyTorch vaswani folder (`backend="torch"`), local or a Hub repository id; `threads` intra-op threads (default: every available core); `name`
     the model id clients send (default: the folder's name). The engine is not started."""
+    if name is None:  # a local folder's name as given (a symlink's own, "."'s directory); a Hub id as it is
+        name = Path(os.path.abspath(folder)).name if Path(folder).exists() else str(folder)
     folder = resolve_folder(folder)
     if not (folder / "config.json").is_file():
         raise ValueError(f"{folder} is not a model folder (no config.json); pass an exported or saved vaswani folder.")
-    name = name or folder.resolve().name
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if backend == "onnx":
         if not (folder / "manifest.json").is_file():
