@@ -55,6 +55,7 @@ from vaswani import (  # noqa: E402
     VaswaniSeq2SeqConfig,
 )
 from vaswani.modeling.configuration import POSITION_EMBEDDING_TYPES  # noqa: E402
+from vaswani.training import describe_device  # noqa: E402
 
 ROPE_SCALINGS = ("linear", "dynamic", "yarn")
 CSV_COLUMNS = (
@@ -556,10 +557,6 @@ def write_markdown(rows: list[dict], args: Args, infos: dict, command: str, seco
             per_encoding.setdefault(encoding, []).append(value)
         lines.append(f"- {task}: " + ", ".join(f"{k} {statistics.fmean(v):.0f} s" for k, v in per_encoding.items()))
     path.write_text("\n".join(lines) + "\n")
-
-
-def describe_device() -> str:
-    return f"CPU, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
 # One color per model in every figure and panel.

@@ -27,7 +27,7 @@ import torch
 from transformers import EvalPrediction, Trainer, TrainingArguments, set_seed
 
 from vaswani import VaswaniEncoderConfig, VaswaniForSequenceClassification
-from vaswani.training import TensorDataset
+from vaswani.training import TensorDataset, describe_device
 
 
 @dataclass
@@ -176,14 +176,6 @@ def build_model(args: Args) -> VaswaniForSequenceClassification:
 
 def accuracy(prediction: EvalPrediction) -> dict[str, float]:
     return {"accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())}
-
-
-def describe_device(device: torch.device) -> str:
-    """Where the numbers were measured, for the results."""
-    if device.type == "cpu":
-        threads = torch.get_num_threads()
-        return f"CPU ({threads} thread{'s' if threads > 1 else ''}), torch {torch.__version__}"
-    return f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else device.type}, torch {torch.__version__}"
 
 
 # ---------------------------------------------------------------------------------------------------- report

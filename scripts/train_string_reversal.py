@@ -27,7 +27,7 @@ from transformers import AutoModelForSeq2SeqLM, Trainer, TrainingArguments, set_
 
 import vaswani  # noqa: F401  (registers the vaswani models with transformers' Auto classes)
 from vaswani import VaswaniForConditionalGeneration, VaswaniSeq2SeqConfig
-from vaswani.training import TensorDataset
+from vaswani.training import TensorDataset, describe_device
 
 # The character vocabulary: three special tokens, then one token per lowercase letter.
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")
@@ -174,14 +174,6 @@ def exact_match(model: VaswaniForConditionalGeneration, texts: list[str], batch_
         )
         correct += sum(decode(ids) == text[::-1] for ids, text in zip(output[:, 1:].tolist(), chunk))
     return correct / len(texts)
-
-
-def describe_device(device: torch.device) -> str:
-    """Where the numbers were measured, for the results."""
-    if device.type == "cpu":
-        threads = torch.get_num_threads()
-        return f"CPU ({threads} thread{'s' if threads > 1 else ''}), torch {torch.__version__}"
-    return f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else device.type}, torch {torch.__version__}"
 
 
 # ---------------------------------------------------------------------------------------------------- figures

@@ -238,6 +238,20 @@ class TrainingProgress(TrainerCallback):
             self.write(line)
 
 
+def describe_device(device: torch.device | str = "cpu") -> str:
+    """Where numbers were measured, for a results page: "CPU (2 threads), torch 2.13.0+cpu" or the GPU's name.
+
+    Example:
+        >>> describe_device(training_args.device)  # doctest: +SKIP
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        threads = torch.get_num_threads()
+        return f"CPU ({threads} thread{'s' if threads > 1 else ''}), torch {torch.__version__}"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return f"{name}, torch {torch.__version__}"
+
+
 def _perplexity(loss: float) -> float:
     return math.exp(loss) if loss < 700 else math.inf  # exp overflows a float past ~709
 
@@ -282,6 +296,7 @@ __all__ = [
     "TrainingProgress",
     "VaswaniTrainer",
     "VaswaniTrainingArguments",
+    "describe_device",
     "get_paper_schedule",
     "save_loss_curve",
 ]
