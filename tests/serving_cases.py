@@ -22,6 +22,19 @@ from vaswani.data import corpus_stories
 CONTEXT = 2048
 
 
+# Chat questions of different lengths, whose greedy answers differ (a swapped row would show).
+QUESTIONS = [
+    "Hi",
+    "Tell me a story about a cat.",
+    "Once upon a time there was a little girl who lived in a village near the forest. What happened next?",
+    "Why is the sky blue?",
+    "a b c",
+    "What did the dog say to the bird when they met in the garden and the sun was shining on them both?",
+    "Hello!",
+    "Count to ten.",
+]
+
+
 def tiny_chat_tokenizer():
     return chat_tokenizer(corpus_stories()[:150], vocab_size=300)
 

@@ -11,7 +11,7 @@ import threading
 
 import httpx
 import pytest
-from serving_cases import CONTEXT, offline_answer, serving, tiny_chat_folders, tiny_chat_tokenizer
+from serving_cases import CONTEXT, QUESTIONS, offline_answer, serving, tiny_chat_folders, tiny_chat_tokenizer
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
@@ -23,16 +23,6 @@ from vaswani.serving.scheduler import Engine  # noqa: E402
 from vaswani.serving.text import TextStream  # noqa: E402
 
 MODEL = "tiny-chat"
-QUESTIONS = [
-    "Hi",
-    "Tell me a story about a cat.",
-    "Once upon a time there was a little girl who lived in a village near the forest. What happened next?",
-    "Why is the sky blue?",
-    "a b c",
-    "What did the dog say to the bird when they met in the garden?",
-    "Hello!",
-    "Count to ten.",
-]
 
 
 @pytest.fixture(scope="module")

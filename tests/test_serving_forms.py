@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from serving_cases import serving, tiny_chat_tokenizer, tiny_gqa_chat_folder
+from serving_cases import QUESTIONS, serving, tiny_chat_tokenizer, tiny_gqa_chat_folder
 
 pytest.importorskip("fastapi")
 
@@ -32,16 +32,6 @@ FORMS = {
     "optimize": ("gqa", {"optimize": True}),
     "fp32": ("portable", {}),
 }
-QUESTIONS = [
-    "Hi",
-    "Tell me a story about a cat.",
-    "Once upon a time there was a little girl who lived in a village near the forest. What happened next?",
-    "Why is the sky blue?",
-    "a b c",
-    "What did the dog say to the bird when they met in the garden and the sun was shining on them both?",
-    "Hello!",
-    "Count to ten.",
-]
 
 
 @pytest.fixture(scope="module")
