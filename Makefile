@@ -24,7 +24,7 @@ help:
 	@echo "make test-floor the test suite on the declared floors of transformers, onnx, onnxruntime, ... (.venv-floor)"
 	@echo "make setup      create .venv and install PyTorch (CPU) and vaswani[$(EXTRAS)] in editable mode"
 	@echo "make lint       ruff check"
-	@echo "make benchmark  run scripts/benchmark.py"
+	@echo "make benchmark  run benchmarks/benchmark.py"
 	@echo "make clean      remove outputs/; make distclean also removes .venv"
 
 setup: $(STAMP)
@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) scripts/demo.py $(ARGS)
+	$(PY) examples/demo.py $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest tests $(ARGS)
@@ -57,7 +57,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 
 benchmark: $(STAMP)
-	$(PY) scripts/benchmark.py $(ARGS)
+	$(PY) benchmarks/benchmark.py $(ARGS)
 
 clean:
 	rm -rf outputs

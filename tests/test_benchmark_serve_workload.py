@@ -1,4 +1,4 @@
-"""The mixed serving benchmark's workload and statistics (scripts/serve_engines/workload.py) on fixed inputs, with
+"""The mixed serving benchmark's workload and statistics (benchmarks/serve_engines/workload.py) on fixed inputs, with
 expectations derived from the definitions vLLM's serving benchmark uses, and its published results table: the command
 it names exists and its JSON parses and holds what the table shows."""
 
@@ -13,7 +13,7 @@ import numpy
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("workload", ROOT / "scripts" / "serve_engines" / "workload.py")
+_spec = importlib.util.spec_from_file_location("workload", ROOT / "benchmarks" / "serve_engines" / "workload.py")
 workload = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(workload)
 
@@ -99,7 +99,7 @@ def test_summary_of_fixed_streams():
 def test_the_published_mixed_serving_results_name_their_script_and_their_json_holds_the_table():
     markdown = ROOT / "docs" / "results" / "benchmark_serve_mixed_cpu.md"
     text = markdown.read_text()
-    script = re.search(r"`python (scripts/\S+\.py)", text).group(1)
+    script = re.search(r"`python (benchmarks/\S+\.py)", text).group(1)
     assert (ROOT / script).is_file()
     results = json.loads(markdown.with_suffix(".json").read_text())
     assert results["meta"]["command"].startswith(f"python {script}")

@@ -1,4 +1,4 @@
-"""`scripts/extrapolation_study.py` runs end to end in its quick mode and writes well-formed results: a CSV with a
+"""`examples/extrapolation_study.py` runs end to end in its quick mode and writes well-formed results: a CSV with a
 row for every encoding, length and metric, a markdown table, and readable figures. The numbers of a quick run mean
 nothing (tiny models, four steps); only their form is checked here, plus the two evaluation pieces whose behaviour
 can be pinned down exactly: RoPE scalings set at inference, and sliding-window perplexity."""

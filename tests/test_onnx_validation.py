@@ -146,11 +146,11 @@ def test_an_export_that_ignores_the_mask_or_drops_the_rotary_fails_validation(de
 
 # --------------------------------------------------------------------------------------- quantized graphs
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def corrupt_quantized_graph(folder, how: str) -> None:
-    """`scripts/quantized_validation_bounds.py`'s corruption (the bounds' measurements use the same one)."""
+    """`benchmarks/quantized_validation_bounds.py`'s corruption (the bounds' measurements use the same one)."""
     sys.path.insert(0, str(SCRIPTS))
     try:
         from quantized_validation_bounds import corrupt

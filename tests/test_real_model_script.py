@@ -1,4 +1,4 @@
-"""scripts/real_model.py runs the whole path on a locally built deep LLaMA chat checkpoint (24 layers, GQA, tied
+"""benchmarks/real_model.py runs the whole path on a locally built deep LLaMA chat checkpoint (24 layers, GQA, tied
 embeddings, a chat template): convert -> parity -> chat generation -> ONNX export with default options (fp32 and
 int8) -> ONNX Runtime generation -> perplexity, and writes its table. Converted and exported models chat through
 `apply_chat_template` + `generate` and through the text-generation pipeline with messages, with PyTorch's tokens.

@@ -15,7 +15,7 @@ PAGES = sorted((ROOT / "docs" / "results").glob("*.md"))
 @pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
 def test_a_results_page_names_an_existing_script_and_json_that_parses(page: Path) -> None:
     text = page.read_text()
-    scripts = set(re.findall(r"scripts/[\w/]+\.(?:py|sh)", text))
+    scripts = set(re.findall(r"(?:scripts|benchmarks|examples)/[\w/]+\.(?:py|sh)", text))
     assert scripts, f"{page.name} names no script that produced it"
     missing = [script for script in scripts if not (ROOT / script).is_file()]
     assert not missing, f"{page.name} names scripts that do not exist: {missing}"

@@ -1,4 +1,4 @@
-"""The textbook experiments (`scripts/train_pattern_classification.py`, `scripts/train_string_reversal.py`) run end
+"""The textbook experiments (`examples/train_pattern_classification.py`, `examples/train_string_reversal.py`) run end
 to end: shortened versions train with `Trainer`, drive the training loss far below chance, and write the saved
 model, figures and results they promise.
 
@@ -17,11 +17,14 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+ROOT = Path(__file__).resolve().parents[1]
+# Where runnable files live: the examples, the benchmarks and the developer scripts.
+SCRIPT_FOLDERS = [ROOT / "examples", ROOT / "benchmarks", ROOT / "scripts"]
 
 
 def load_script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    path = next(folder / f"{name}.py" for folder in SCRIPT_FOLDERS if (folder / f"{name}.py").is_file())
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up by name
     spec.loader.exec_module(module)

@@ -9,7 +9,7 @@ follows the base model's `tp_plan` (rules matched as regexes), pipeline parallel
 served as remote code needs `auto_map["AutoModel"]` in `config.json`.
 
 Here a stand-in "vllm" attention function (masks ignored, output flattened to (tokens, heads * head_dim) as vLLM's
-is) reproduces that flow; the real engine is exercised by scripts/vllm_check.py outside CI.
+is) reproduces that flow; the real engine is exercised by benchmarks/vllm_check.py outside CI.
 """
 
 import ast

