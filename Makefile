@@ -5,12 +5,16 @@ PYTHON ?= python3
 # The CPU build of PyTorch, installed before the package: a bare `torch` requirement would pull a multi-GB CUDA
 # build. Override to pick another build, e.g. `make setup TORCH=torch==2.14.1`.
 TORCH ?= torch==2.13.0
-EXTRAS ?= onnx,train,serve,dev
+# What `make setup` (and so `make test`) installs: every extra the tests exercise.
+EXTRAS ?= onnx,train,serve,ray,dev
+# What the demo uses: ONNX export and ONNX Runtime, matplotlib for the loss curve; not the server, Ray or the tests.
+DEMO_EXTRAS ?= onnx,train
 
 VENV := .venv
 PY := $(VENV)/bin/python
 # Written after a successful install; setup reruns only when it is missing or pyproject.toml is newer.
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
 # The declared floors (.ci/floor-constraints.txt: the lower bounds in pyproject.toml), in a venv of their own.
 FLOOR_VENV := .venv-floor
@@ -19,7 +23,7 @@ FLOOR_STAMP := $(FLOOR_VENV)/.installed
 .PHONY: help setup demo test setup-floor test-floor lint benchmark clean distclean
 
 help:
-	@echo "make demo       set up .venv if needed, then train, save, reload and sample a small model (about a minute)"
+	@echo "make demo       install vaswani[$(DEMO_EXTRAS)] in .venv if needed, then train, save, reload, export and sample a small model"
 	@echo "make test       set up .venv if needed, then run the test suite"
 	@echo "make test-floor the test suite on the declared floors of transformers, onnx, onnxruntime, ... (.venv-floor)"
 	@echo "make setup      create .venv and install PyTorch (CPU) and vaswani[$(EXTRAS)] in editable mode"
@@ -29,14 +33,24 @@ help:
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# $(call install,VENV,EXTRAS,PIP OPTIONS): create VENV if missing, then PyTorch (CPU) first, then vaswani[EXTRAS].
+define install
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "vaswani needs Python >= 3.10; run make PYTHON=python3.11 (or another)")'
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install "$(TORCH)"
-	$(PY) -m pip install -e ".[$(EXTRAS)]"
+	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install "$(TORCH)"
+	$(1)/bin/python -m pip install -e ".[$(2)]" $(3)
+endef
+
+$(STAMP): pyproject.toml
+	$(call install,$(VENV),$(EXTRAS))
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The demo's own stamp: on a fresh clone the demo installs only what it uses (after `make setup`, pip finds it all).
+$(DEMO_STAMP): pyproject.toml
+	$(call install,$(VENV),$(DEMO_EXTRAS))
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(PY) examples/demo.py $(ARGS)
 
 test: $(STAMP)
@@ -45,9 +59,7 @@ test: $(STAMP)
 setup-floor: $(FLOOR_STAMP)
 
 $(FLOOR_STAMP): pyproject.toml .ci/floor-constraints.txt
-	test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
-	$(FLOOR_VENV)/bin/python -m pip install "$(TORCH)"
-	$(FLOOR_VENV)/bin/python -m pip install -e ".[$(EXTRAS)]" -c .ci/floor-constraints.txt
+	$(call install,$(FLOOR_VENV),$(EXTRAS),-c .ci/floor-constraints.txt)
 	touch $(FLOOR_STAMP)
 
 test-floor: $(FLOOR_STAMP)

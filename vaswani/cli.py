@@ -350,7 +350,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         service = load_service(args.folder, **options)
         app = create_app(service, **app_options)
     except ImportError as error:
-        print(f"error: {error}. Install the server's dependencies: pip install 'vaswani[serve]'", file=sys.stderr)
+        extra = "ray" if args.ray else "serve"
+        print(f"error: {error}. Install the server's dependencies: pip install 'vaswani[{extra}]'", file=sys.stderr)
         return 2
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """Scale-out on Ray Serve: N replicas of the same app (each with its own engine and continuous batching) behind Ray
-Serve's HTTP proxy and router (`pip install 'vaswani[serve]'`, which brings `ray[serve]`).
+Serve's HTTP proxy and router (`pip install 'vaswani[ray]'`, which brings `ray[serve]`).
 
 Each replica loads the folder itself, so on a multi-machine Ray cluster the folder must be readable at the same path
 on every node (shared storage) or be a Hugging Face Hub repository id (each replica downloads it). The routes are the
