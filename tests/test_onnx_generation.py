@@ -31,8 +31,6 @@ from onnx_cases import (  # noqa: E402
 from transformers import (  # noqa: E402
     GenerationConfig,
     GenerationMixin,
-    LogitsProcessor,
-    LogitsProcessorList,
     StoppingCriteria,
     StoppingCriteriaList,
     pipeline,
@@ -115,32 +113,6 @@ def test_greedy_generation_of_a_left_padded_batch_matches_pytorch(load, loops, n
     )
     assert torch.equal(actual, expected)
     assert loops == [loop]
-
-
-def test_cpu_generation_runs_torch_single_threaded_and_restores_its_threads(load):
-    """On the CPU, torch's per-step work inside generate() (logits copy, processors, argmax) runs on one thread, as
-    its OpenMP threads would compete with ONNX Runtime's for the cores; the caller's setting is back afterwards,
-    also when generate() raises."""
-    _, ort_model = load(OrtModelForCausalLM, "decoder-rope-gqa")
-    seen = []
-
-    class RecordThreads(LogitsProcessor):
-        def __call__(self, input_ids, scores):
-            seen.append(torch.get_num_threads())
-            return scores
-
-    saved = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        processors = LogitsProcessorList([RecordThreads()])
-        ort_model.generate(random_ids(1, 4), max_new_tokens=3, do_sample=False, logits_processor=processors)
-        assert seen == [1, 1, 1]
-        assert torch.get_num_threads() == 2
-        with pytest.raises(ValueError):
-            ort_model.generate(random_ids(1, 4), max_new_tokens=-1)
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(saved)
 
 
 @pytest.mark.parametrize("name", DECODERS)
@@ -548,10 +520,6 @@ def test_a_cache_passed_to_generate_keeps_transformers_loop(load, loops):
     ort_model.generate(input_ids, attention_mask=attention_mask, **cache_keyword(cache), **GREEDY_FIXED)
     assert loops == ["transformers"]
     assert cache.get_seq_length() == input_ids.shape[1] + NEW_TOKENS - 1
-
-
-
-
 
 
 @pytest.fixture(scope="module")
