@@ -23,6 +23,8 @@ from conftest import (
 )
 from transformers import StaticCache
 
+from vaswani.modeling.layers import positions_from_mask
+
 NEW_TOKENS = 8
 # eos_token_id=None: no row stops early, so every comparison covers all NEW_TOKENS steps.
 GREEDY = dict(
@@ -106,7 +108,10 @@ def test_static_cache_decode_step_compiles_to_one_graph(position_embedding_type)
     cache = StaticCache(config=model.config, max_cache_len=16)
     with torch.no_grad():
         prefill = model(
-            prompt, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), past_key_values=cache
+            prompt,
+            attention_mask=mask,
+            position_ids=positions_from_mask(mask, padding_position=0),
+            past_key_values=cache,
         )
     next_token = prefill.logits[:, -1:].argmax(-1)
     step_inputs = dict(
