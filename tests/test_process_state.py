@@ -100,3 +100,27 @@ def test_generate_in_two_threads_leaves_torch_threads_as_the_caller_set_them(tmp
         assert torch.get_num_threads() == 3 and later == [3]
     finally:
         torch.set_num_threads(saved)
+
+
+def test_export_formulations_leave_other_models_code_alone():
+    """The export-only formulations apply to the model being exported, not to its classes: another model (another
+    thread's export, with other formulations, or its forward) runs its own code meanwhile, with the same outputs."""
+    pytest.importorskip("onnxruntime")
+    import torch
+
+    from vaswani.conversion.onnx.formulations import exporting_formulations
+    from vaswani.modeling.layers import RMSNorm, VaswaniAttention
+
+    exported = build_model(VaswaniForCausalLM, tiny_decoder_config(norm_type="rmsnorm"))
+    other = build_model(VaswaniForCausalLM, tiny_decoder_config(norm_type="rmsnorm"), seed=1)
+    ids = torch.tensor([[1, 5, 6, 7]])
+    with torch.no_grad():
+        before = other(ids).logits
+        with exporting_formulations(exported, llm_ops=True):
+            during = other(ids).logits
+            others = [module for module in other.modules() if isinstance(module, RMSNorm | VaswaniAttention)]
+            patched = [module for module in exported.modules() if isinstance(module, RMSNorm | VaswaniAttention)]
+            assert others and all("forward" not in module.__dict__ for module in others)
+            assert patched and all("forward" in module.__dict__ for module in patched)
+    assert torch.equal(during, before)
+    assert all("forward" not in module.__dict__ for module in patched)  # restored
