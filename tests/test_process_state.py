@@ -1,4 +1,5 @@
-"""A library changes no process-wide state behind its caller's back: the matplotlib backend, the umask."""
+"""A library changes no process-wide state behind its caller's back: the matplotlib backend, the umask, torch's thread
+count, the classes of the models it exports."""
 
 import os
 import sys
