@@ -10,7 +10,6 @@ The decoder here has fewer heads than the encoder, so every cache transformers s
 of the decoder must get the decoder's shapes, not the encoder's.
 """
 
-
 import pytest
 import torch
 from conftest import (
@@ -22,6 +21,7 @@ from conftest import (
     tiny_decoder_config,
     tiny_seq2seq_config,
 )
+from generation_cases import assert_same_generation
 from test_conversion_parity import tiny_bart, tiny_decoder
 from transformers import BartForConditionalGeneration, CompileConfig, LlamaForCausalLM
 
@@ -30,7 +30,9 @@ from vaswani.conversion.checkpoints import from_transformers
 
 NEW_TOKENS = 6
 # eos_token_id=None: no row stops early, so every comparison covers all NEW_TOKENS steps.
-GREEDY = dict(do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None, return_dict_in_generate=True, output_logits=True)
+GREEDY = dict(
+    do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None, return_dict_in_generate=True, output_logits=True
+)
 
 
 def seq2seq(position_embedding_type: str, seed: int = 0, attn_implementation: str = "sdpa", **overrides):
@@ -45,21 +47,12 @@ def padded_source() -> dict[str, torch.Tensor]:
     return dict(input_ids=random_ids(2, 7).masked_fill(mask == 0, 0), attention_mask=mask)
 
 
-def assert_same_generation(actual, expected) -> None:
-    """Same tokens, and logits within TOLERANCE at every generated step."""
-    assert actual.sequences.tolist() == expected.sequences.tolist()
-    assert len(actual.logits) == len(expected.logits) == NEW_TOKENS
-    for step, (actual_logits, expected_logits) in enumerate(zip(actual.logits, expected.logits)):
-        difference = (actual_logits - expected_logits).abs().max().item()
-        assert difference <= TOLERANCE, f"step {step}: logits differ by {difference}"
-
-
 @pytest.mark.parametrize("position_embedding_type", POSITION_TYPES)
 def test_static_cache_generation_matches_dynamic_cache(position_embedding_type):
     model, source = seq2seq(position_embedding_type), padded_source()
     static = model.generate(**source, cache_implementation="static", **GREEDY)
     dynamic = model.generate(**source, **GREEDY)
-    assert_same_generation(static, dynamic)
+    assert_same_generation(static, dynamic, NEW_TOKENS)
 
 
 @pytest.mark.parametrize("position_embedding_type", POSITION_TYPES)
@@ -71,9 +64,9 @@ def test_assisted_decoding_matches_greedy_decoding(position_embedding_type):
     draft = seq2seq(position_embedding_type, seed=1)
     expected = model.generate(source, **GREEDY)
     assisted = model.generate(source, assistant_model=draft, **GREEDY)
-    assert_same_generation(assisted, expected)
+    assert_same_generation(assisted, expected, NEW_TOKENS)
     looked_up = model.generate(source, prompt_lookup_num_tokens=2, **GREEDY)
-    assert_same_generation(looked_up, expected)
+    assert_same_generation(looked_up, expected, NEW_TOKENS)
 
 
 @pytest.mark.parametrize("position_embedding_type", POSITION_TYPES)
@@ -90,7 +83,7 @@ def test_compiled_static_cache_generation_matches_dynamic_cache(position_embeddi
     finally:
         torch._dynamo.reset()
     dynamic = model.generate(**source, **GREEDY)
-    assert_same_generation(compiled, dynamic)
+    assert_same_generation(compiled, dynamic, NEW_TOKENS)
 
 
 # ------------------------------------------------------------- logits_to_keep, inputs_embeds, beam search scores

@@ -28,6 +28,7 @@ from vaswani import (
     VaswaniSeq2SeqConfig,
 )
 from vaswani.conversion import to_transformers
+from vaswani.modeling.layers import positions_from_mask
 
 SHAPE = dict(vocab_size=64, hidden_size=32, num_attention_heads=4, intermediate_size=64, initializer_range=0.2)
 ORACLES = {
@@ -267,7 +268,7 @@ def left_pad(input_ids: torch.Tensor, pad_token_id: int) -> tuple[torch.Tensor, 
     (`generate` does the same for every model that accepts position ids)."""
     padded = torch.cat([torch.full((input_ids.shape[0], PAD), pad_token_id), input_ids], dim=1)
     mask = torch.cat([torch.zeros(input_ids.shape[0], PAD, dtype=torch.long), torch.ones_like(input_ids)], dim=1)
-    position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    position_ids = positions_from_mask(mask)
     return padded, mask, position_ids
 
 

@@ -22,6 +22,7 @@ from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
 
 from vaswani import VaswaniForCausalLM, VaswaniForConditionalGeneration, VaswaniForMaskedLM
 from vaswani.conversion import to_transformers
+from vaswani.modeling.layers import positions_from_mask
 
 FAMILIES = {
     "decoder": (VaswaniForCausalLM, tiny_decoder_config),
@@ -176,7 +177,7 @@ def test_padding_between_tokens_does_not_count_as_distance(position_embedding_ty
     )
     sequences = [random_ids(1, length, seed=index)[0] for index, length in enumerate(PACKED_LENGTHS)]
     ids, mask = padded_with_gaps(sequences)
-    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    position_ids = positions_from_mask(mask, padding_position=0)
     packed = DataCollatorWithFlattening()([{"input_ids": sequence.tolist()} for sequence in sequences])
     with torch.no_grad():
         gapped = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False).logits

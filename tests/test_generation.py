@@ -21,7 +21,10 @@ from conftest import (
     random_ids,
     tiny_decoder_config,
 )
+from generation_cases import assert_same_generation
 from transformers import StaticCache
+
+from vaswani.modeling.layers import positions_from_mask
 
 NEW_TOKENS = 8
 # eos_token_id=None: no row stops early, so every comparison covers all NEW_TOKENS steps.
@@ -42,15 +45,6 @@ def causal_lm(position_embedding_type: str, attention_shape: str = "gqa", attn_i
     return build_causal_lm(config, attn_implementation)
 
 
-def assert_same_generation(actual, expected) -> None:
-    """Same tokens, and logits within TOLERANCE at every generated step."""
-    assert actual.sequences.tolist() == expected.sequences.tolist()
-    assert len(actual.logits) == len(expected.logits) == NEW_TOKENS
-    for step, (actual_logits, expected_logits) in enumerate(zip(actual.logits, expected.logits)):
-        difference = (actual_logits - expected_logits).abs().max().item()
-        assert difference <= TOLERANCE, f"step {step}: logits differ by {difference}"
-
-
 @pytest.mark.parametrize("attention_shape", list(ATTENTION_SHAPES))
 @pytest.mark.parametrize("position_embedding_type", POSITION_TYPES)
 def test_cached_generation_matches_uncached(position_embedding_type, attention_shape):
@@ -58,7 +52,7 @@ def test_cached_generation_matches_uncached(position_embedding_type, attention_s
     prompt = random_ids(2, 6)
     cached = model.generate(prompt, use_cache=True, **GREEDY)
     uncached = model.generate(prompt, use_cache=False, **GREEDY)
-    assert_same_generation(cached, uncached)
+    assert_same_generation(cached, uncached, NEW_TOKENS)
 
 
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
@@ -69,7 +63,7 @@ def test_static_cache_generation_matches_uncached(position_embedding_type, attn_
     prompt, mask = random_ids(2, 6), padding_mask([6, 4], 6, "left")
     static = model.generate(prompt, attention_mask=mask, cache_implementation="static", **GREEDY)
     uncached = model.generate(prompt, attention_mask=mask, use_cache=False, **GREEDY)
-    assert_same_generation(static, uncached)
+    assert_same_generation(static, uncached, NEW_TOKENS)
 
 
 @pytest.mark.parametrize("position_embedding_type", POSITION_TYPES)
@@ -106,7 +100,10 @@ def test_static_cache_decode_step_compiles_to_one_graph(position_embedding_type)
     cache = StaticCache(config=model.config, max_cache_len=16)
     with torch.no_grad():
         prefill = model(
-            prompt, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), past_key_values=cache
+            prompt,
+            attention_mask=mask,
+            position_ids=positions_from_mask(mask, padding_position=0),
+            past_key_values=cache,
         )
     next_token = prefill.logits[:, -1:].argmax(-1)
     step_inputs = dict(

@@ -31,8 +31,6 @@ from onnx_cases import (  # noqa: E402
 from transformers import (  # noqa: E402
     GenerationConfig,
     GenerationMixin,
-    LogitsProcessor,
-    LogitsProcessorList,
     StoppingCriteria,
     StoppingCriteriaList,
     pipeline,
@@ -45,6 +43,7 @@ from vaswani.conversion import OrtModelForCausalLM, OrtModelForSeq2SeqLM, export
 from vaswani.conversion.onnx import default_session_options, generation, gqa_runtime, lean_steps  # noqa: E402
 from vaswani.conversion.onnx.generation import OrtModelForGeneration  # noqa: E402
 from vaswani.modeling import cache_keyword  # noqa: E402
+from vaswani.modeling.layers import positions_from_mask  # noqa: E402
 
 pytest_plugins = ["onnx_cases"]  # the shared `tokenizer`, `exports` and `load` fixtures
 
@@ -115,32 +114,6 @@ def test_greedy_generation_of_a_left_padded_batch_matches_pytorch(load, loops, n
     )
     assert torch.equal(actual, expected)
     assert loops == [loop]
-
-
-def test_cpu_generation_runs_torch_single_threaded_and_restores_its_threads(load):
-    """On the CPU, torch's per-step work inside generate() (logits copy, processors, argmax) runs on one thread, as
-    its OpenMP threads would compete with ONNX Runtime's for the cores; the caller's setting is back afterwards,
-    also when generate() raises."""
-    _, ort_model = load(OrtModelForCausalLM, "decoder-rope-gqa")
-    seen = []
-
-    class RecordThreads(LogitsProcessor):
-        def __call__(self, input_ids, scores):
-            seen.append(torch.get_num_threads())
-            return scores
-
-    saved = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        processors = LogitsProcessorList([RecordThreads()])
-        ort_model.generate(random_ids(1, 4), max_new_tokens=3, do_sample=False, logits_processor=processors)
-        assert seen == [1, 1, 1]
-        assert torch.get_num_threads() == 2
-        with pytest.raises(ValueError):
-            ort_model.generate(random_ids(1, 4), max_new_tokens=-1)
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(saved)
 
 
 @pytest.mark.parametrize("name", DECODERS)
@@ -251,7 +224,7 @@ def test_forward_with_cache_matches_pytorch_logits_and_cache(load, name):
     real = attention_mask.bool()
     # PyTorch's forward counts positions from the first (padding) column unless told; generate() passes positions
     # counted from the first real token, which the ORT model derives from the mask by itself.
-    positions = attention_mask.cumsum(-1) - 1
+    positions = positions_from_mask(attention_mask)
     expected = pytorch_model(input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True)
     actual = ort_model(input_ids, attention_mask=attention_mask)
     assert (actual.logits[real] - expected.logits[real]).abs().max() < TOLERANCE
@@ -550,10 +523,6 @@ def test_a_cache_passed_to_generate_keeps_transformers_loop(load, loops):
     assert cache.get_seq_length() == input_ids.shape[1] + NEW_TOKENS - 1
 
 
-
-
-
-
 @pytest.fixture(scope="module")
 def gqa_models(tmp_path_factory):
     """A decoder and its export in the GroupQueryAttention form, whose lean loop has a graph of its own."""
@@ -695,7 +664,7 @@ def test_fp16_export_keeps_a_half_precision_cache_and_float32_logits(load, use_i
     output = ort_model(input_ids, attention_mask=attention_mask)
     assert output.logits.dtype == torch.float32
     assert {layer.keys.dtype for layer in output.past_key_values.layers} == {torch.float16}
-    expected = pytorch_model(input_ids, attention_mask=attention_mask, position_ids=attention_mask.cumsum(-1) - 1)
+    expected = pytorch_model(input_ids, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask))
     real = attention_mask.bool()
     assert (output.logits - expected.logits)[real].abs().max() < 2e-2
     for loop in LOOPS:
@@ -752,7 +721,7 @@ def test_fp16_cuda_export_generates_like_pytorch_in_half_precision(tmp_path):
     assert ort_model.dtype == torch.float16
     half = build_model(VaswaniForCausalLM, config).to("cuda", torch.float16)  # the same seeded weights
     input_ids, attention_mask = (tensor.cuda() for tensor in left_padded_prompts())
-    positions = attention_mask.cumsum(-1) - 1
+    positions = positions_from_mask(attention_mask)
     expected = half(input_ids, attention_mask=attention_mask, position_ids=positions).logits.float()
     actual = ort_model(input_ids, attention_mask=attention_mask)
     assert actual.logits.dtype == torch.float32 and actual.past_key_values.layers[0].keys.dtype == torch.float16

@@ -1,4 +1,5 @@
-"""A library changes no process-wide state behind its caller's back: the matplotlib backend, the umask."""
+"""A library changes no process-wide state behind its caller's back: the matplotlib backend, the umask, torch's thread
+count, the classes of the models it exports."""
 
 import os
 import sys
@@ -37,3 +38,90 @@ def test_an_export_gets_the_processs_file_mode_without_touching_its_umask(tmp_pa
         os.umask(previous)
     files = [path for path in Path(tmp_path / "onnx").iterdir() if path.is_file()]
     assert files and {path.stat().st_mode & 0o777 for path in files} == {0o640}
+
+
+def test_generate_in_two_threads_leaves_torch_threads_as_the_caller_set_them(tmp_path):
+    """torch's intra-op thread count is the caller's: two threads generating at once (the second one started while
+    the first is mid-generate, as a server's worker pool would) each keep their setting during and after, and a
+    thread started meanwhile gets the process's setting, not one a generate() call left behind."""
+    pytest.importorskip("onnxruntime")
+    import threading
+
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    from vaswani.conversion import OrtModelForCausalLM, export_onnx
+
+    model = build_model(VaswaniForCausalLM, tiny_decoder_config())
+    model.save_pretrained(tmp_path / "model")
+    export_onnx(tmp_path / "model", tmp_path / "onnx", "text-generation", validate=False)
+    ort_model = OrtModelForCausalLM.from_pretrained(tmp_path / "onnx")
+    first_inside, second_done = threading.Event(), threading.Event()
+    seen: dict[str, list[int]] = {"first": [], "second": [], "started meanwhile": [], "after": []}
+
+    class Record(LogitsProcessor):
+        def __init__(self, name: str):
+            self.name = name
+
+        def __call__(self, input_ids, scores):
+            seen[self.name].append(torch.get_num_threads())
+            if self.name == "first" and not first_inside.is_set():
+                first_inside.set()
+                newcomer = threading.Thread(target=lambda: seen["started meanwhile"].append(torch.get_num_threads()))
+                newcomer.start()
+                newcomer.join()
+                second_done.wait(timeout=60)  # the second generate runs and ends while this one is inside
+            return scores
+
+    def generate(name: str) -> None:
+        ids = torch.tensor([[1, 5, 6, 7]])
+        ort_model.generate(ids, max_new_tokens=3, do_sample=False, logits_processor=LogitsProcessorList([Record(name)]))
+        seen["after"].append(torch.get_num_threads())
+
+    def second() -> None:
+        first_inside.wait(timeout=60)
+        try:
+            generate("second")
+        finally:
+            second_done.set()
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        threads = [threading.Thread(target=generate, args=("first",)), threading.Thread(target=second)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        later = []
+        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        assert seen == {"first": [3] * 3, "second": [3] * 3, "started meanwhile": [3], "after": [3, 3]}
+        assert torch.get_num_threads() == 3 and later == [3]
+    finally:
+        torch.set_num_threads(saved)
+
+
+def test_export_formulations_leave_other_models_code_alone():
+    """The export-only formulations apply to the model being exported, not to its classes: another model (another
+    thread's export, with other formulations, or its forward) runs its own code meanwhile, with the same outputs."""
+    pytest.importorskip("onnxruntime")
+    import torch
+
+    from vaswani.conversion.onnx.formulations import exporting_formulations
+    from vaswani.modeling.layers import RMSNorm, VaswaniAttention
+
+    exported = build_model(VaswaniForCausalLM, tiny_decoder_config(norm_type="rmsnorm"))
+    other = build_model(VaswaniForCausalLM, tiny_decoder_config(norm_type="rmsnorm"), seed=1)
+    ids = torch.tensor([[1, 5, 6, 7]])
+    with torch.no_grad():
+        before = other(ids).logits
+        with exporting_formulations(exported, llm_ops=True):
+            during = other(ids).logits
+            others = [module for module in other.modules() if isinstance(module, RMSNorm | VaswaniAttention)]
+            patched = [module for module in exported.modules() if isinstance(module, RMSNorm | VaswaniAttention)]
+            assert others and all("forward" not in module.__dict__ for module in others)
+            assert patched and all("forward" in module.__dict__ for module in patched)
+    assert torch.equal(during, before)
+    assert all("forward" not in module.__dict__ for module in patched)  # restored

@@ -276,6 +276,15 @@ def build_positions(config: VaswaniConfig, bidirectional: bool) -> PositionEncod
     return PositionEncoding()
 
 
+def positions_from_mask(attention_mask: torch.Tensor, padding_position: int = 1) -> torch.Tensor:
+    """Position ids of a padded batch: each token's count of real tokens so far, minus one; `padding_position` at
+    padding (masked, so any value in range does; 1 is transformers' `generate` and the exported graphs' contract).
+
+        >>> positions_from_mask(torch.tensor([[0, 1, 1]]))                      # tensor([[1, 0, 1]])
+    """
+    return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, padding_position)
+
+
 def bias_positions(position_ids: torch.Tensor, cache: Cache | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions of the queries and keys of one self-attention call, for distance-based biases: (batch or 1, n) each.
 

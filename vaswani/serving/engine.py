@@ -36,7 +36,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from ..conversion.onnx.contract import positions_from_mask
-from ..conversion.onnx.generation import OrtModelForCausalLM, store_in_cache, torch_threads
+from ..conversion.onnx.generation import OrtModelForCausalLM, store_in_cache
 from ..conversion.onnx.gqa_runtime import GqaDecoder
 from ..modeling import cache_of
 
@@ -162,14 +162,14 @@ class OrtStepModel(PaddedStepModel):
 
 class TorchStepModel(PaddedStepModel):
     """The same step for a PyTorch `VaswaniForCausalLM`: the cache arrays wrap into a `DynamicCache` without a copy,
-    and the updated one unwraps again."""
+    and the updated one unwraps again. It runs on torch's intra-op threads as the process set them (set once at
+    startup; a library that changed them around each step would change them under every other thread)."""
 
-    def __init__(self, model: torch.nn.Module, threads: int | None = None):
+    def __init__(self, model: torch.nn.Module):
         self.model = model.eval()
         self.config = model.config
         self.vocab_size = model.config.vocab_size
         self.context_length = context_length(model.config)
-        self.threads = threads or torch.get_num_threads()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
 
@@ -186,7 +186,7 @@ class TorchStepModel(PaddedStepModel):
         cache = DynamicCache(config=self.config)
         if past[0].shape[2]:
             store_in_cache(cache, [torch.as_tensor(tensor, device=self.device) for tensor in past])
-        with torch_threads(self.threads), torch.inference_mode():
+        with torch.inference_mode():
             output = self.model(
                 input_ids=torch.from_numpy(input_ids).to(self.device),
                 attention_mask=torch.from_numpy(attention_mask).to(self.device),

@@ -156,7 +156,8 @@ def load_service(
     prefill_chunk: int = 32,
 ) -> GenerationService | EncoderService:
     """Load `folder` for serving: an exported ONNX folder (`backend="onnx"`, on `provider` "cpu" or "cuda") or a
-    PyTorch vaswani folder (`backend="torch"`), local or a Hub repository id; `threads` intra-op threads (default: every available core); `name`
+    PyTorch vaswani folder (`backend="torch"`), local or a Hub repository id; `threads` ONNX Runtime's intra-op threads (default: every available core; the torch backend
+    runs on torch's threads as the process set them); `name`
     the model id clients send (default: the folder's name). The engine is not started."""
     if name is None:  # a local folder's name as given (a symlink's own, "."'s directory); a Hub id as it is
         name = Path(os.path.abspath(folder)).name if Path(folder).exists() else str(folder)
@@ -203,7 +204,7 @@ def load_service(
         model = VaswaniForCausalLM.from_pretrained(folder)
         if provider == "cuda":
             model = model.to("cuda")
-        engine = Engine(TorchStepModel(model, threads), max_batch, max_waiting, prefill_chunk)
+        engine = Engine(TorchStepModel(model), max_batch, max_waiting, prefill_chunk)
         return GenerationService(name, tokenizer, engine, eos_ids(model.generation_config, tokenizer))
     raise ValueError(f"backend must be 'onnx' or 'torch', got {backend!r}.")
 

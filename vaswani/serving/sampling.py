@@ -36,8 +36,6 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from ..conversion.onnx.lean_steps import torch_threads
-
 log = logging.getLogger(__name__)
 
 # vLLM's floor: a positive temperature below it is raised to it, so that logits / temperature stays finite (1e-320
@@ -206,12 +204,11 @@ def choose_tokens(logits: np.ndarray, samplers: list[RowSampler]) -> list[TokenC
     argmax = logits.argmax(axis=-1).tolist() if any(sampler.plain for sampler in samplers) else None
     if all(sampler.plain and sampler.params.logprobs is None for sampler in samplers):
         return [TokenChoice(token) for token in argmax]  # greedy rows only: no torch work, nothing that can raise
-    # One torch thread, as in the lean generate loop: each row's work is on one vocabulary-wide vector, which gains
-    # nothing from threads, and torch's OpenMP workers compete for the cores with ONNX Runtime's (on a loaded 2-core
-    # machine, a sampled row of a 49k vocabulary took 50 ms with 2 torch threads, 3 ms with one, most of it the
-    # vocabulary-wide exponential draw inside `torch.multinomial`, which `generate` makes too).
-    with torch_threads(1):
-        return [choose_row(logits, row, sampler, argmax) for row, sampler in enumerate(samplers)]
+    # torch's thread count is the process's, set once at startup (1 suits an ONNX model on a few cores). Each row's
+    # work is on one vocabulary-wide vector, which gains nothing from threads, and torch's OpenMP workers compete for
+    # the cores with ONNX Runtime's (on a loaded 2-core machine, a sampled row of a 49k vocabulary took 50 ms with 2
+    # torch threads, 3 ms with one, most of it the exponential draw inside `torch.multinomial`, as in `generate`).
+    return [choose_row(logits, row, sampler, argmax) for row, sampler in enumerate(samplers)]
 
 
 def choose_row(logits: np.ndarray, row: int, sampler: RowSampler, argmax: list[int] | None) -> TokenChoice:

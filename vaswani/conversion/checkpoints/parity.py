@@ -8,6 +8,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from ...modeling import cache_keyword
+from ...modeling.layers import positions_from_mask
 
 PARITY_TOLERANCE = 1e-4  # fp32
 
@@ -104,7 +105,7 @@ def measure_parity(
         attention_mask[1:, : length // 2] = 0
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
     if left_padded and not config.is_encoder_decoder and reference.can_generate():
-        inputs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        inputs["position_ids"] = positions_from_mask(attention_mask)
     # The encoder's outputs (all outputs of a model without a decoder) have one row per padded input token.
     padded_outputs = "encoder_" if config.is_encoder_decoder else ""
     if config.is_encoder_decoder:

@@ -32,6 +32,7 @@ from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
 from ...modeling.configuration import CONFIG_CLASSES
+from ...modeling.layers import positions_from_mask
 
 # Version 2 added the text-generation graph's `logits_positions` input.
 FORMAT, FORMAT_VERSION = "vaswani-onnx", 2
@@ -151,11 +152,6 @@ def padded_mask(batch: int, length: int, right: bool = True) -> torch.Tensor:
         if right:
             mask[-1, length - pad :] = 0
     return mask
-
-
-def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids as transformers' generate derives them: count of real tokens so far, minus one; 1 at padding."""
-    return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
 
 
 # Tensors from this size up go to `<graph>.onnx.data`; smaller ones (shape constants, which ONNX Runtime's shape

@@ -37,7 +37,8 @@ def exporting_formulations(model: nn.Module, llm_ops: bool) -> Iterator[None]:
       into one SimplifiedLayerNormalization node, the other stays six nodes;
     - with `llm_ops` (opset >= `LLM_OPSET`), attention is `llm_attention`: ONNX RotaryEmbedding and Attention
       nodes.
-    RMSNorm and VaswaniAttention are patched on the class, so no other thread may run vaswani models meanwhile.
+    The formulations are set on `model`'s own RMSNorm and VaswaniAttention modules, not on their classes: other
+    models (another thread's export or forward) keep their code meanwhile.
     """
     models = outermost_models(model)
     saved = [(pretrained, pretrained.config._attn_implementation) for pretrained in models]
@@ -45,9 +46,9 @@ def exporting_formulations(model: nn.Module, llm_ops: bool) -> Iterator[None]:
         pretrained.set_attn_implementation(EXPORT_ATTENTION)  # reaches the stacks' own configs too
     try:
         with ExitStack() as patches:
-            patches.enter_context(_replaced(RMSNorm, "forward", fusable_rms_norm))
+            patches.enter_context(_forward_replaced(model, RMSNorm, fusable_rms_norm))
             if llm_ops:
-                patches.enter_context(_replaced(VaswaniAttention, "forward", llm_attention))
+                patches.enter_context(_forward_replaced(model, VaswaniAttention, llm_attention))
             yield
     finally:
         for pretrained, backend in saved:
@@ -76,13 +77,21 @@ def module_configs(model: nn.Module) -> dict[int, PreTrainedConfig]:
 
 
 @contextmanager
-def _replaced(owner: type, name: str, value: Callable) -> Iterator[None]:
-    original = owner.__dict__[name]
-    setattr(owner, name, value)
+def _forward_replaced(model: nn.Module, kind: type[nn.Module], forward: Callable) -> Iterator[None]:
+    """`forward` as the forward of each `kind` module in `model` (an instance attribute, which `nn.Module.__call__`
+    finds before the class's); any instance forward a module had before is restored after."""
+    modules = [module for module in model.modules() if isinstance(module, kind)]
+    saved = [(module, module.__dict__.get("forward")) for module in modules]
+    for module in modules:
+        module.forward = forward.__get__(module)
     try:
         yield
     finally:
-        setattr(owner, name, original)
+        for module, previous in saved:
+            if previous is None:
+                del module.forward
+            else:
+                module.forward = previous
 
 
 def float32_attention(module: nn.Module, query, key, value, attention_mask, position_bias=None, **kwargs):

@@ -16,7 +16,6 @@ memory.
 """
 
 import weakref
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -30,7 +29,7 @@ from ...modeling import cache_keyword, cache_of
 from ...modeling.pretrained import merge_cache_arguments
 from .contract import positions_from_mask
 from .gqa_runtime import GqaDecoder, gqa_sample, is_gqa_form
-from .lean_steps import Step, lean_loop_fits, sample_tokens, torch_threads
+from .lean_steps import Step, lean_loop_fits, sample_tokens
 from .runtime import OrtModel, check_unsupported_arguments
 from .session import TENSOR_DTYPES, OrtGraph
 
@@ -113,16 +112,15 @@ class OrtModelForGeneration(OrtModel, GenerationMixin):
         processors and stopping criteria, then calls `lean_sample` (its public `custom_generate` hook) to decode.
         Arguments passed by position after `generation_config` keep transformers' loop.
 
-        On the CPU, torch's own per-step work runs on one thread. Why: each step's torch work (the last logits' copy,
-        processors, argmax over the vocabulary) is on vectors, and torch splits those across its OpenMP threads,
-        which then compete for the cores with ONNX Runtime's intra-op threads (still spinning from the step's run).
-        On 2 cores that cost 20-40 ms per token, more than the graph itself; single-threaded it is under 4 ms. ONNX
-        Runtime keeps its own threads.
+        torch's intra-op thread count is the caller's (`torch.set_num_threads` is process state: a library that set
+        it around each call would change it under every other thread). On a few shared CPU cores, set it to 1 once
+        at startup: each step's torch work (processors, sampling over the vocabulary) is on vectors, and torch's
+        OpenMP threads compete for the cores with ONNX Runtime's intra-op threads, still spinning from the step's
+        run (on 2 cores, a sampled token of a 49k vocabulary takes several times longer with 2 torch threads).
         """
         if not args and self.fast_generation and lean_loop_fits(self.generation_config, generation_config, kwargs):
             kwargs["custom_generate"] = type(self).lean_sample  # called as a method: (model, input_ids, ...)
-        with torch_threads(1) if self.device.type == "cpu" else nullcontext():
-            return super().generate(inputs, generation_config, *args, **kwargs)
+        return super().generate(inputs, generation_config, *args, **kwargs)
 
     @classmethod
     def can_generate(cls) -> bool:

@@ -14,8 +14,7 @@ itself (`sample_tokens`) is transformers' greedy/sampling loop over a model step
 import copy
 import inspect
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -26,17 +25,6 @@ from transformers.generation.logits_process import MinLengthLogitsProcessor, Min
 Processor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 # One model step: None runs the prompt, a (batch,) tensor each row's new token; returns the last logits (batch, vocab).
 Step = Callable[[torch.Tensor | None], torch.Tensor]
-
-
-@contextmanager
-def torch_threads(count: int) -> Iterator[None]:
-    """torch's intra-op thread count set to `count` inside the block, restored after it."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 def effective_generation_config(
