@@ -26,9 +26,10 @@ import argparse
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -152,7 +153,9 @@ def summed_nll(
         if task == "text-generation":
             return _causal_nll(model, ids, context, stride, device)
         if stride != context:
-            raise ValueError(f"a {task} model is scored on consecutive windows: leave stride at the context ({context}).")
+            raise ValueError(
+                f"a {task} model is scored on consecutive windows: leave stride at the context ({context})."
+            )
         if task == "fill-mask":
             return _masked_nll(model, ids, context, mask_token_id, seed, device)
         if task == "text2text-generation":
