@@ -90,14 +90,24 @@ def check_windows(context: int, stride: int) -> None:
         )
 
 
-def _causal_nll(model: Any, ids: torch.Tensor, context: int, stride: int, device: str) -> tuple[float, int]:
+def _causal_nll(
+    model: Any, ids: torch.Tensor, context: int, stride: int, device: str, batch_tokens: int
+) -> tuple[float, int]:
     total, count = 0.0, 0
-    for start, end, first in strided_windows(ids.numel(), context, stride):
-        window = ids[start:end][None].to(device)
-        logits = model(input_ids=window).logits[0, first - start - 1 : end - start - 1]
-        targets = window[0, first - start :]
-        total += torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum").item()
-        count += targets.numel()
+    windows = strided_windows(ids.numel(), context, stride)
+    # Windows of one length run as one batch (all but the last are full), up to `batch_tokens` tokens at a time.
+    batch_size = max(1, batch_tokens // context)
+    while windows:
+        length = windows[0][1] - windows[0][0]
+        batch = [window for window in windows[:batch_size] if window[1] - window[0] == length]
+        windows = windows[len(batch) :]
+        inputs = torch.stack([ids[start:end] for start, end, _ in batch]).to(device)
+        logits = model(input_ids=inputs).logits
+        for row, (start, end, first) in enumerate(batch):
+            scored = logits[row, first - start - 1 : end - start - 1]
+            targets = inputs[row, first - start :]
+            total += torch.nn.functional.cross_entropy(scored.float(), targets, reduction="sum").item()
+            count += targets.numel()
     return total, count
 
 
@@ -139,10 +149,13 @@ def summed_nll(
     mask_token_id: int | None = None,
     seed: int = 0,
     device: str = "cpu",
+    batch_tokens: int = 1,
 ) -> tuple[float, int]:
     """The summed negative log-likelihood (nats) and the number of tokens scored, for `model` (a PyTorch module or
     an `OrtModelFor...`) on the token `ids` of one text, by the definition of `task` (see the module docstring).
     Sums of several texts add up, so `math.exp(sum of totals / sum of counts)` is their joint perplexity.
+    `batch_tokens` > `context` runs a causal LM's full windows in batches of that many tokens (PyTorch models; an
+    export's graph may take batches too); the default runs one window at a time.
 
     >>> total, count = summed_nll(model, ids, "text-generation", context=256, stride=128)  # doctest: +SKIP
     """
@@ -151,7 +164,7 @@ def summed_nll(
     check_windows(context, stride)
     with torch.no_grad():
         if task == "text-generation":
-            return _causal_nll(model, ids, context, stride, device)
+            return _causal_nll(model, ids, context, stride, device, batch_tokens)
         if stride != context:
             raise ValueError(
                 f"a {task} model is scored on consecutive windows: leave stride at the context ({context})."
