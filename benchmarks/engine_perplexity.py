@@ -48,18 +48,25 @@ def engine_windows(ids: list[int], context: int, stride: int) -> list[dict]:
     return [{"ids": ids[start:end], "scored_from": first - start} for start, end, first in windows]
 
 
-def engine_perplexity(python: Path, helper: str, location: Path, request: dict) -> float:
-    """Run `helper perplexity location` in an engine's venv with the windows on stdin; its perplexity."""
-    result = subprocess.run(
-        [str(python), str(HELPERS / helper), "perplexity", str(location)],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-    )
-    for line in result.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line.removeprefix("RESULT "))["perplexity"]
-    raise RuntimeError(f"{helper} perplexity {location} failed (exit {result.returncode}):\n{result.stderr[-2000:]}")
+def engine_perplexity(python: Path, helper: str, location: Path, request: dict, context: int, stride: int):
+    """A function of the token ids that runs `helper perplexity location` in an engine's venv, with the request and
+    the ids' windows on stdin, and returns its perplexity."""
+
+    def measure(ids: list[int]) -> float:
+        result = subprocess.run(
+            [str(python), str(HELPERS / helper), "perplexity", str(location)],
+            input=json.dumps({**request, "windows": engine_windows(ids, context, stride)}),
+            capture_output=True,
+            text=True,
+        )
+        for line in result.stdout.splitlines():
+            if line.startswith("RESULT "):
+                return json.loads(line.removeprefix("RESULT "))["perplexity"]
+        raise RuntimeError(
+            f"{helper} perplexity {location} failed (exit {result.returncode}):\n{result.stderr[-2000:]}"
+        )
+
+    return measure
 
 
 def systems(args: argparse.Namespace) -> list[tuple[str, str, callable]]:
@@ -91,36 +98,22 @@ def systems(args: argparse.Namespace) -> list[tuple[str, str, callable]]:
             openvino[path.parent.name.removeprefix("openvino-")] = path.parent
         for path in sorted(args.builds.glob("ortgenai-*/genai_config.json")):
             ortgenai[path.parent.name.removeprefix("ortgenai-")] = path.parent
+    windows = dict(context=args.window, stride=args.stride)
     llama_python = args.engines / "llamacpp" / "bin" / "python"
     for name, path in ggufs.items():
         for flash in (True, False):
             request = {"threads": args.threads, "flash_attn": flash}
-            run = lambda ids, path=path, request=request: engine_perplexity(  # noqa: E731
-                llama_python,
-                "gguf_tools.py",
-                path,
-                {**request, "windows": engine_windows(ids, args.window, args.stride)},
-            )
+            run = engine_perplexity(llama_python, "gguf_tools.py", path, request, **windows)
             found.append((f"llama.cpp {name}", f"flash attention {'on' if flash else 'off'}", run))
     openvino_python = args.engines / "openvino" / "bin" / "python"
     for name, folder in openvino.items():
         for label, options in (("default compute precision", {}), ("f32 compute", {"INFERENCE_PRECISION_HINT": "f32"})):
             request = {"threads": args.threads, "options": options}
-            run = lambda ids, folder=folder, request=request: engine_perplexity(  # noqa: E731
-                openvino_python,
-                "openvino_tools.py",
-                folder,
-                {**request, "windows": engine_windows(ids, args.window, args.stride)},
-            )
+            run = engine_perplexity(openvino_python, "openvino_tools.py", folder, request, **windows)
             found.append((f"OpenVINO {name}", label, run))
     ortgenai_python = args.engines / "ortgenai" / "bin" / "python"
     for name, folder in ortgenai.items():
-        run = lambda ids, folder=folder: engine_perplexity(  # noqa: E731
-            ortgenai_python,
-            "ortgenai_tools.py",
-            folder,
-            {"threads": args.threads, "windows": engine_windows(ids, args.window, args.stride)},
-        )
+        run = engine_perplexity(ortgenai_python, "ortgenai_tools.py", folder, {"threads": args.threads}, **windows)
         found.append((f"onnxruntime-genai {name}", "og.Generator, CPU", run))
     return found
 

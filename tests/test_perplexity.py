@@ -4,6 +4,7 @@ naive per-token loop, an ONNX export agrees with its PyTorch model for every tas
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -155,3 +156,21 @@ def test_bad_input_exits_2_with_a_clear_message(llama_folder, tmp_path, capsys, 
         main(["perplexity", str(llama_folder), "--text", str(text_file), *extra])
     assert raised.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_engine_tools_score_the_same_windows_as_vaswani_perplexity(llama_folder, tokenizer, monkeypatch):
+    # benchmarks/engine_perplexity.py cuts the windows; benchmark_engines/windows.py scores an engine's logits.
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks" / "benchmark_engines"))
+    from engine_perplexity import engine_windows
+    from windows import Total, request_windows
+
+    model = LlamaForCausalLM.from_pretrained(llama_folder).eval()
+    ids = token_ids(tokenizer).tolist()
+    total = Total()
+    with torch.no_grad():
+        for window, scored_from in request_windows({"windows": engine_windows(ids, 12, 5)}):
+            total.add(model(torch.tensor([window])).logits[0].numpy(), window, scored_from)
+    expected_total, expected_count = summed_nll(model, ids, "text-generation", 12, 5)
+    assert total.result()["tokens"] == expected_count
+    assert total.result()["mean_nll"] == pytest.approx(expected_total / expected_count, rel=1e-6)
