@@ -203,10 +203,12 @@ def model_perplexity(
     max_tokens: int | None = None,
     seed: int = 0,
     device: str = "cpu",
+    batch_tokens: int = 1,
 ) -> Perplexity:
     """The perplexity of a loaded `model` on `texts` (one text, or several scored separately and pooled: no window
     crosses from one text into the next). `context` defaults to the model's max positions, capped at 1024; `stride`
-    to the context; `max_tokens` caps each text's tokens.
+    to the context; `max_tokens` caps each text's tokens; `seed` picks a masked LM's positions; `batch_tokens` as in
+    `summed_nll`.
 
     >>> model_perplexity(model, tokenizer, ["a story ...", "some code ..."], "text-generation", "pytorch",
     ...                  context=512, stride=256)  # doctest: +SKIP
@@ -226,7 +228,7 @@ def model_perplexity(
     for text in texts:
         ids = text_ids(tokenizer, text, max_tokens)
         text_total, text_count = summed_nll(
-            model, ids, task, context, stride, getattr(tokenizer, "mask_token_id", None), seed, device
+            model, ids, task, context, stride, getattr(tokenizer, "mask_token_id", None), seed, device, batch_tokens
         )
         total, count = total + text_total, count + text_count
     if count == 0:
