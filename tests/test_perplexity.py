@@ -4,6 +4,7 @@ naive per-token loop, an ONNX export agrees with its PyTorch model for every tas
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,23 @@ def test_engine_tools_score_the_same_windows_as_vaswani_perplexity(llama_folder,
     expected_total, expected_count = summed_nll(model, ids, "text-generation", 12, 5)
     assert total.result()["tokens"] == expected_count
     assert total.result()["mean_nll"] == pytest.approx(expected_total / expected_count, rel=1e-6)
+
+
+def test_command_on_an_onnx_folder_agrees_with_its_pytorch_folder(exports, tokenizer, tmp_path, capsys):
+    model, exported = exports("decoder-rope-gqa")
+    onnx_folder, torch_folder = tmp_path / "onnx", tmp_path / "pytorch"
+    shutil.copytree(exported, onnx_folder)
+    model.save_pretrained(torch_folder)
+    for folder in (onnx_folder, torch_folder):
+        tokenizer.save_pretrained(folder)
+    text_file = tmp_path / "story.txt"
+    text_file.write_text(TEXT)
+    reports = {}
+    for folder in (onnx_folder, torch_folder):
+        written = tmp_path / f"{folder.name}.json"
+        argv = ["perplexity", str(folder), "--text", str(text_file), "--context", "16", "--stride", "8"]
+        assert main([*argv, "--threads", "1", "--json", str(written)]) == 0
+        reports[folder.name] = json.loads(written.read_text())
+    assert reports["onnx"]["form"] == "onnx" and reports["pytorch"]["form"] == "pytorch"
+    assert reports["onnx"]["tokens"] == reports["pytorch"]["tokens"] > 0
+    assert reports["onnx"]["perplexity"] == pytest.approx(reports["pytorch"]["perplexity"], rel=1e-4)
