@@ -49,6 +49,7 @@ import vaswani  # noqa: F401  (registers the vaswani models with the Auto classe
 from vaswani.conversion import OrtModelForCausalLM, OrtModelForSeq2SeqLM, export_onnx
 from vaswani.conversion.checkpoints import from_transformers
 from vaswani.conversion.onnx import OrtModelForGeneration, default_session_options
+from vaswani.perplexity import summed_nll
 
 SECTIONS = ("decoder", "seq2seq", "int8", "gpu")
 BARS = {"decoder": 2.5, "seq2seq": 2.5, "int8": 5.0}
@@ -188,14 +189,11 @@ def heldout_windows(tokenizer, block_size: int, limit: int | None) -> torch.Tens
     return windows[:limit]
 
 
-def mean_next_token_loss(logits_of, windows: torch.Tensor, batch_size: int = 8) -> float:
-    """Mean cross-entropy of each next token, over all windows; `logits_of(ids)` gives (batch, length, vocab)."""
-    total, count = 0.0, 0
-    for batch in windows.split(batch_size):
-        logits = logits_of(batch)[:, :-1].float()
-        targets = batch[:, 1:]
-        total += torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum").item()
-        count += targets.numel()
+def mean_next_token_loss(model, windows: torch.Tensor, batch_size: int = 8) -> float:
+    """Mean next-token NLL over the consecutive windows (`vaswani perplexity` with context = stride = their
+    length), `batch_size` windows per forward."""
+    length = windows.shape[1]
+    total, count = summed_nll(model, windows, "text-generation", length, length, batch_tokens=batch_size * length)
     return total / count
 
 
@@ -247,9 +245,9 @@ def bench_int8(models: dict, args: argparse.Namespace) -> str:
     print(f"  held-out perplexity on {windows.numel():,} tokens...", flush=True)
     with torch.no_grad():
         losses = {
-            "PyTorch fp32": mean_next_token_loss(lambda ids: pytorch_model(ids).logits, windows),
-            "ORT fp32": mean_next_token_loss(lambda ids: demo_fp32(ids, use_cache=False).logits, windows),
-            "ORT int8": mean_next_token_loss(lambda ids: demo_int8(ids, use_cache=False).logits, windows),
+            "PyTorch fp32": mean_next_token_loss(pytorch_model, windows),
+            "ORT fp32": mean_next_token_loss(demo_fp32, windows),
+            "ORT int8": mean_next_token_loss(demo_int8, windows),
         }
     prompts = windows[: 4 if args.quick else 32, :16]
     agreement, run_length = greedy_agreement(demo_fp32, demo_int8, prompts, 16 if args.quick else 64)

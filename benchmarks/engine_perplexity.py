@@ -2,11 +2,12 @@
 onnxruntime-genai's model-builder folders (as benchmarks/benchmark_engines.py builds them) next to vaswani's ONNX
 exports and transformers' PyTorch model.
 
-The text is tokenized once, here, by the transformers folder's tokenizer, into the windows benchmarks/int4_quality.py
-uses (benchmarks/real_model.py's `text_windows`: the first `--max-tokens` tokens, no special tokens, consecutive windows
-of `--window`); each system scores the same token ids, each window from an empty cache, with the loss at every
-position but the first. The engines run in their own venvs (benchmarks/benchmark_engines/gguf_tools.py,
-openvino_tools.py and ortgenai_tools.py), vaswani and transformers here.
+The text is tokenized once, here, by the transformers folder's tokenizer (the first `--max-tokens` tokens, no special
+tokens), and cut into the windows `vaswani perplexity` scores (`vaswani.perplexity.strided_windows`: `--window`
+tokens of context, a new window every `--stride` tokens, each token scored once); each system scores the same token
+ids in the same windows, each window from an empty cache. The engines run in their own venvs
+(benchmarks/benchmark_engines/gguf_tools.py, openvino_tools.py and ortgenai_tools.py, scoring through
+benchmark_engines/windows.py), vaswani and transformers here.
 
     python benchmarks/engine_perplexity.py --model /tmp/smol/hf --text docs/results/real_model_text.txt \\
         --engines ~/.cache/vaswani-bench-engines --builds outputs/engines-benchmark \\
@@ -22,15 +23,14 @@ which returns the logits of every prompt position).
 
 import argparse
 import json
+import math
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_model import perplexity, text_windows  # noqa: E402
+from vaswani.perplexity import strided_windows, summed_nll, text_ids
 
 HELPERS = Path(__file__).resolve().parent / "benchmark_engines"
 
@@ -42,29 +42,46 @@ def named_paths(values: list[str]) -> dict[str, Path]:
     return {name: Path(path) for name, path in pairs}
 
 
-def engine_perplexity(python: Path, helper: str, location: Path, request: dict) -> float:
-    """Run `helper perplexity location` in an engine's venv with the windows on stdin; its perplexity."""
-    result = subprocess.run(
-        [str(python), str(HELPERS / helper), "perplexity", str(location)],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-    )
-    for line in result.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line.removeprefix("RESULT "))["perplexity"]
-    raise RuntimeError(f"{helper} perplexity {location} failed (exit {result.returncode}):\n{result.stderr[-2000:]}")
+def engine_windows(ids: list[int], context: int, stride: int) -> list[dict]:
+    """The windows as the engines' tools read them (benchmark_engines/windows.py)."""
+    windows = strided_windows(len(ids), context, stride)
+    return [{"ids": ids[start:end], "scored_from": first - start} for start, end, first in windows]
+
+
+def engine_perplexity(python: Path, helper: str, location: Path, request: dict, context: int, stride: int):
+    """A function of the token ids that runs `helper perplexity location` in an engine's venv, with the request and
+    the ids' windows on stdin, and returns its perplexity."""
+
+    def measure(ids: list[int]) -> float:
+        result = subprocess.run(
+            [str(python), str(HELPERS / helper), "perplexity", str(location)],
+            input=json.dumps({**request, "windows": engine_windows(ids, context, stride)}),
+            capture_output=True,
+            text=True,
+        )
+        for line in result.stdout.splitlines():
+            if line.startswith("RESULT "):
+                return json.loads(line.removeprefix("RESULT "))["perplexity"]
+        raise RuntimeError(
+            f"{helper} perplexity {location} failed (exit {result.returncode}):\n{result.stderr[-2000:]}"
+        )
+
+    return measure
 
 
 def systems(args: argparse.Namespace) -> list[tuple[str, str, callable]]:
-    """(name, how it ran, a function of the windows returning the perplexity) for every system asked for."""
+    """(name, how it ran, a function of the token ids returning the perplexity) for every system asked for."""
     from transformers import AutoModelForCausalLM
 
     from vaswani.conversion import OrtModelForCausalLM
     from vaswani.conversion.onnx import default_session_options
 
     def with_torch(load):
-        return lambda windows: perplexity(load(), "text-generation", windows, None)
+        def measure(ids: list[int]) -> float:
+            total, count = summed_nll(load(), ids, "text-generation", args.window, args.stride)
+            return math.exp(total / count)
+
+        return measure
 
     found = [("transformers fp32", "PyTorch", with_torch(lambda: AutoModelForCausalLM.from_pretrained(args.model)))]
     for name, folder in named_paths(args.vaswani_onnx).items():
@@ -81,30 +98,22 @@ def systems(args: argparse.Namespace) -> list[tuple[str, str, callable]]:
             openvino[path.parent.name.removeprefix("openvino-")] = path.parent
         for path in sorted(args.builds.glob("ortgenai-*/genai_config.json")):
             ortgenai[path.parent.name.removeprefix("ortgenai-")] = path.parent
+    windows = dict(context=args.window, stride=args.stride)
     llama_python = args.engines / "llamacpp" / "bin" / "python"
     for name, path in ggufs.items():
         for flash in (True, False):
             request = {"threads": args.threads, "flash_attn": flash}
-            run = lambda windows, path=path, request=request: engine_perplexity(  # noqa: E731
-                llama_python, "gguf_tools.py", path, {**request, "windows": [w[0].tolist() for w in windows]}
-            )
+            run = engine_perplexity(llama_python, "gguf_tools.py", path, request, **windows)
             found.append((f"llama.cpp {name}", f"flash attention {'on' if flash else 'off'}", run))
     openvino_python = args.engines / "openvino" / "bin" / "python"
     for name, folder in openvino.items():
         for label, options in (("default compute precision", {}), ("f32 compute", {"INFERENCE_PRECISION_HINT": "f32"})):
             request = {"threads": args.threads, "options": options}
-            run = lambda windows, folder=folder, request=request: engine_perplexity(  # noqa: E731
-                openvino_python, "openvino_tools.py", folder, {**request, "windows": [w[0].tolist() for w in windows]}
-            )
+            run = engine_perplexity(openvino_python, "openvino_tools.py", folder, request, **windows)
             found.append((f"OpenVINO {name}", label, run))
     ortgenai_python = args.engines / "ortgenai" / "bin" / "python"
     for name, folder in ortgenai.items():
-        run = lambda windows, folder=folder: engine_perplexity(  # noqa: E731
-            ortgenai_python,
-            "ortgenai_tools.py",
-            folder,
-            {"threads": args.threads, "windows": [w[0].tolist() for w in windows]},
-        )
+        run = engine_perplexity(ortgenai_python, "ortgenai_tools.py", folder, {"threads": args.threads}, **windows)
         found.append((f"onnxruntime-genai {name}", "og.Generator, CPU", run))
     return found
 
@@ -113,7 +122,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True, help="the transformers folder (its tokenizer is used)")
     parser.add_argument("--text", type=Path, required=True)
-    parser.add_argument("--window", type=int, default=512)
+    parser.add_argument("--window", type=int, default=512, help="context of each window in tokens (512)")
+    parser.add_argument("--stride", type=int, help="tokens between windows' starts (default: the window)")
     parser.add_argument("--max-tokens", type=int, default=1024, help="tokens of --text (1024, as int4_quality.md)")
     parser.add_argument("--engines", type=Path, default=Path.home() / ".cache" / "vaswani-bench-engines")
     parser.add_argument("--builds", type=Path, help="a benchmarks/benchmark_engines.py --work-dir")
@@ -127,12 +137,13 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    windows = text_windows(tokenizer, args.text.read_text(encoding="utf-8"), args.window, args.max_tokens)
+    args.stride = args.stride or args.window
+    ids = text_ids(tokenizer, args.text.read_text(encoding="utf-8"), args.max_tokens)
     rows, reference = [], None
     for name, how, measure in systems(args):
         start = time.perf_counter()
         try:
-            value = measure(windows)
+            value = measure(ids)
         except RuntimeError as error:
             print(f"{name} ({how}): FAILED {error}", flush=True)
             rows.append(f"| {name} | {how} | failed: {' '.join(str(error).split())[-200:]} | |")
@@ -140,12 +151,13 @@ def main() -> None:
         reference = reference or value
         print(f"{name} ({how}): {value:.3f} in {time.perf_counter() - start:.0f} s", flush=True)
         rows.append(f"| {name} | {how} | {value:.3f} | {value / reference - 1:+.1%} |")
-    scored = sum(ids.shape[1] - 1 for ids in windows)
+    scored = sum(end - first for _, end, first in strided_windows(len(ids), args.window, args.stride))
     table = "\n".join(
         [
-            f"Perplexity over the first {sum(ids.shape[1] for ids in windows)} tokens of `{args.text.name}` "
-            f"({tokenizer.name_or_path} tokenizer, no special tokens), windows of {args.window}, each from an empty "
-            f"cache; {scored} tokens scored. vs transformers: relative to transformers fp32 (PyTorch).",
+            f"Perplexity over the first {len(ids)} tokens of `{args.text.name}` ({tokenizer.name_or_path} tokenizer, no "
+            f"special tokens), context {args.window}, stride {args.stride} (`vaswani perplexity`'s windows), each "
+            f"window from an empty cache; {scored} tokens scored. vs transformers: relative to transformers fp32 "
+            "(PyTorch).",
             "",
             "| system | how | perplexity | vs transformers fp32 |",
             "|---|---|---|---|",

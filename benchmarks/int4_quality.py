@@ -22,12 +22,13 @@ import torch
 from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_model import DEFAULT_PROMPT, folder_megabytes, perplexity, prompt_ids, text_windows  # noqa: E402
+from real_model import DEFAULT_PROMPT, folder_megabytes, prompt_ids  # noqa: E402
 
 import vaswani  # noqa: E402, F401
 from vaswani.conversion import OrtModelForCausalLM, export_onnx  # noqa: E402
 from vaswani.conversion.onnx.int4 import CALIBRATION_TOKENS  # noqa: E402
 from vaswani.conversion.onnx.postprocess import DEFAULT_INT4_METHOD, INT4_METHODS  # noqa: E402
+from vaswani.perplexity import model_perplexity, text_ids  # noqa: E402
 
 
 def decode_speed(folder: Path, prompt: str, new_tokens: int, threads: int) -> float:
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    windows = text_windows(tokenizer, Path(args.text).read_text(encoding="utf-8"), args.window, args.max_tokens)
+    text = Path(args.text).read_text(encoding="utf-8")
     inputs = prompt_ids(tokenizer, args.prompt)
     systems = [("fp32", None)] + [(f"int4 {system}", system) for system in args.systems]
     rows = {}
@@ -76,14 +77,16 @@ def run(args: argparse.Namespace) -> dict:
             folder=str(folder),
             system=system,
             export_seconds=seconds,
-            perplexity=perplexity(model, "text-generation", windows, None),
+            perplexity=model_perplexity(
+                model, tokenizer, text, "text-generation", "onnx", args.window, max_tokens=args.max_tokens
+            ).perplexity,
             megabytes=folder_megabytes(folder),
             answer=answer,
         )
     report = dict(
         model=str(args.model),
         text=str(args.text),
-        text_tokens=sum(ids.shape[1] for ids in windows),
+        text_tokens=len(text_ids(tokenizer, text, args.max_tokens)),
         window=args.window,
         prompt=args.prompt,
         rows=rows,

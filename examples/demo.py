@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 import vaswani  # noqa: F401  (registers the vaswani models with transformers' Auto classes)
 from vaswani import VaswaniDecoderConfig, VaswaniForCausalLM
 from vaswani.data import corpus_stories
+from vaswani.perplexity import summed_nll
 from vaswani.tokenization import train_tokenizer
 
 PROMPTS = ("Once upon a time, there was", "There once was a clever fox. Her name was")
@@ -106,13 +107,13 @@ def random_batch(data: torch.Tensor, block_size: int, batch_size: int, generator
 
 @torch.no_grad()
 def evaluate(model: VaswaniForCausalLM, data: torch.Tensor, block_size: int, batch_size: int) -> float:
-    """Mean next-token loss over consecutive, non-overlapping windows of `data` (the same ones every call)."""
+    """Mean next-token loss over consecutive, non-overlapping windows of `data` (the same ones every call):
+    `vaswani perplexity`'s definition with context = stride = `block_size`, `batch_size` windows per forward."""
     model.eval()
-    n_windows = len(data) // block_size
-    windows = data[: n_windows * block_size].view(n_windows, block_size)
-    total = sum(model(batch, labels=batch).loss.item() * len(batch) for batch in windows.split(batch_size))
+    data = data[: len(data) // block_size * block_size]
+    total, count = summed_nll(model, data, "text-generation", block_size, batch_tokens=batch_size * block_size)
     model.train()
-    return total / n_windows
+    return total / count
 
 
 # -------------------------------------------------------------------------------------------------- training

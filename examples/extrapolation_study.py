@@ -38,7 +38,6 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import set_seed
 
@@ -55,6 +54,7 @@ from vaswani import (  # noqa: E402
     VaswaniSeq2SeqConfig,
 )
 from vaswani.modeling.configuration import POSITION_EMBEDDING_TYPES  # noqa: E402
+from vaswani.perplexity import summed_nll  # noqa: E402
 from vaswani.training import describe_device  # noqa: E402
 
 ROPE_SCALINGS = ("linear", "dynamic", "yarn")
@@ -236,42 +236,24 @@ def train_decoder(model: VaswaniForCausalLM, data: torch.Tensor, setup: DecoderS
     return train_steps(model, optimizer, setup.steps, setup.learning_rate, batch_loss, desc)
 
 
-@torch.no_grad()
-def summed_loss(model: VaswaniForCausalLM, windows: torch.Tensor, labels: torch.Tensor, max_tokens: int = 8192) -> tuple[float, int]:
-    """Summed next-token cross-entropy and the number of scored tokens (labels of -100 are not scored)."""
-    total, count = 0.0, 0
-    batch_size = max(1, max_tokens // windows.shape[1])
-    for ids, targets in zip(windows.split(batch_size), labels.split(batch_size)):
-        logits = model(ids).logits[:, :-1].float()
-        targets = targets[:, 1:]
-        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
-                                 reduction="sum").item()
-        count += int((targets != -100).sum())
-    return total, count
-
-
 def full_context_perplexity(model: VaswaniForCausalLM, tokens: torch.Tensor, length: int) -> float:
-    """Perplexity over `tokens` cut into consecutive windows of `length`, each read in one pass."""
-    windows = tokens.view(-1, length)
-    total, count = summed_loss(model, windows, windows)
+    """Perplexity over `tokens` cut into consecutive windows of `length`, each read in one pass
+    (`vaswani perplexity` with context = stride = `length`)."""
+    total, count = summed_nll(model, tokens, "text-generation", length, length, batch_tokens=8192)
     return math.exp(total / count)
 
 
 def sliding_window_perplexity(model: VaswaniForCausalLM, tokens: torch.Tensor, length: int, window: int) -> float:
     """Perplexity over the same windows of `length`, each read by sub-windows of `window` tokens with a stride of
-    `window // 2`: every sub-window after the first scores only its new tokens, which it predicts from between
-    `window // 2` and `window` tokens of context. No position past `window - 1` is ever used."""
-    stride = window // 2
-    pieces, labels = [], []
+    `window // 2` (`vaswani perplexity`'s strided windows, run on each sequence of `length`): every sub-window after
+    the first scores only its new tokens, which it predicts from between `window // 2` and `window` tokens of
+    context. No position past `window - 1` is ever used."""
+    total, count = 0.0, 0
     for sequence in tokens.view(-1, length):
-        for start in range(0, length - window + 1, stride):
-            piece = sequence[start : start + window]
-            target = piece.clone()
-            if start:
-                target[: window - stride] = -100
-            pieces.append(piece)
-            labels.append(target)
-    total, count = summed_loss(model, torch.stack(pieces), torch.stack(labels))
+        sequence_total, sequence_count = summed_nll(
+            model, sequence, "text-generation", window, window // 2, batch_tokens=8192
+        )
+        total, count = total + sequence_total, count + sequence_count
     return math.exp(total / count)
 
 

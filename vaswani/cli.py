@@ -7,6 +7,7 @@ Example:
     $ vaswani export --model ./vaswani-folder --task text-generation --output ./onnx-folder
     $ vaswani export --model ./llama-folder --output ./onnx-folder  # both steps in one process
     $ vaswani serve ./onnx-folder --port 8000
+    $ vaswani perplexity ./onnx-folder --text story.txt --context 512 --stride 256
 """
 
 import argparse
@@ -408,6 +409,38 @@ def _exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
+def _add_perplexity_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "perplexity",
+        help="the perplexity of a PyTorch or ONNX folder on a text file",
+        description="Perplexity of a model folder (PyTorch or ONNX export, any precision) on a UTF-8 text. A causal "
+        "LM is scored by strided windows (--context tokens, starting every --stride tokens; each token scored once "
+        "with the left context its window gives it), a masked LM on 15%% masked positions (seeded), an "
+        "encoder-decoder by teacher-forced reconstruction of each window. Prints one line; --json writes it too.",
+        epilog="exit status: 0 measured; 2 bad input (missing or empty text, stride larger than context, context "
+        "longer than the model's positions, not a model folder).",
+    )
+    parser.add_argument("folder", metavar="FOLDER", help="a PyTorch model folder or an ONNX export folder")
+    parser.add_argument("--text", required=True, metavar="FILE", help="a UTF-8 text file to score")
+    parser.add_argument(
+        "--context", type=int, metavar="N", help="window length in tokens (default: max positions, at most 1024)"
+    )
+    parser.add_argument(
+        "--stride", type=int, metavar="N", help="tokens between windows' starts (default: the context; causal LM only)"
+    )
+    parser.add_argument("--max-tokens", type=int, metavar="N", help="score at most the text's first N tokens")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--threads", type=int, metavar="N", help="intra-op threads (default: every core)")
+    parser.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE")
+    parser.set_defaults(run=lambda args: _run_perplexity(args, parser))
+
+
+def _run_perplexity(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .perplexity import run
+
+    return run(args, parser)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `vaswani` console script; returns the process exit code.
 
@@ -424,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_convert_parser(subparsers)
     _add_export_parser(subparsers)
     _add_serve_parser(subparsers)
+    _add_perplexity_parser(subparsers)
     args = parser.parse_args(argv)
     code = args.run(args)
     if argv is None and args.command == "export":

@@ -3,25 +3,26 @@ benchmarks/benchmark_engines/setup.sh makes (benchmarks/benchmark_engines.py and
 
     python gguf_tools.py convert SOURCE_FOLDER OUT.gguf          # float32 GGUF: llama.cpp's convert_hf_to_gguf.py
     python gguf_tools.py quantize IN.gguf OUT.gguf Q4_K_M         # llama.cpp's quantizer (llama_model_quantize)
-    python gguf_tools.py perplexity MODEL.gguf < windows.json     # {"windows": [[ids...], ...], "threads": 2,
-                                                                  #  "flash_attn": true}
+    python gguf_tools.py perplexity MODEL.gguf < windows.json     # {"windows": [{"ids": [...], "scored_from": 1}],
+                                                                  #  "threads": 2, "flash_attn": true}
 
 `convert` runs the converter of the llama.cpp revision the library was built from (setup.sh keeps it, with its
 gguf-py, at CACHE_DIR/llamacpp-src/llama.cpp). `quantize` calls the library's own quantizer through
 llama-cpp-python's binding (the `llama-quantize` program is not part of llama-cpp-python's build), with its default
 parameters, as `llama-quantize IN OUT TYPE` runs it. `perplexity` feeds token ids, not text, so that every system's
 perplexity is over the same tokens (tokenized once, by the driver): each window is evaluated from an empty cache,
-and the loss is taken at every position but the first, as benchmarks/real_model.py's `perplexity` does. Flash
+and its tokens from `scored_from` on are scored (windows.py), as `vaswani perplexity` scores them. Flash
 attention on is what llama.cpp's own default ("auto") picks on a CPU, and what the benchmark's worker runs;
 llama-cpp-python's `Llama` class would turn it off, hence the option.
 """
 
 import json
-import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from windows import Total, request_windows
 
 CONVERTER = Path(sys.prefix).parent / "llamacpp-src" / "llama.cpp" / "convert_hf_to_gguf.py"
 
@@ -46,25 +47,20 @@ def quantize(source: str, output: str, kind: str) -> None:
         sys.exit(f"llama_model_quantize failed for {source} -> {output} ({kind})")
 
 
-def perplexity(model_path: str, windows: list[list[int]], threads: int, flash_attn: bool) -> dict:
-    import numpy as np
+def perplexity(model_path: str, windows: list[tuple[list[int], int]], threads: int, flash_attn: bool) -> dict:
     from llama_cpp import Llama
 
-    longest = max(map(len, windows))
+    longest = max(len(ids) for ids, _ in windows)
     model = Llama(
         model_path, n_ctx=longest, n_batch=longest, n_ubatch=longest, logits_all=True, n_threads=threads,
         n_threads_batch=threads, flash_attn=flash_attn, verbose=False,
     )  # fmt: skip
-    total, count = 0.0, 0
-    for ids in windows:
+    total = Total()
+    for ids, scored_from in windows:
         model.reset()
         model.eval(ids)
-        logits = np.asarray(model.scores[: len(ids) - 1], dtype=np.float64)
-        shifted = logits - logits.max(axis=1, keepdims=True)
-        log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-        total -= log_probs[np.arange(len(ids) - 1), ids[1:]].sum()
-        count += len(ids) - 1
-    return {"perplexity": math.exp(total / count), "tokens": count}
+        total.add(model.scores[: len(ids) - 1], ids, scored_from)
+    return total.result()
 
 
 if __name__ == "__main__":
@@ -76,6 +72,6 @@ if __name__ == "__main__":
     elif command == "perplexity" and len(rest) == 1:
         request = json.loads(sys.stdin.read())
         threads, flash_attn = request.get("threads", 2), request.get("flash_attn", True)
-        print("RESULT " + json.dumps(perplexity(rest[0], request["windows"], threads, flash_attn)))
+        print("RESULT " + json.dumps(perplexity(rest[0], request_windows(request), threads, flash_attn)))
     else:
         sys.exit(__doc__)

@@ -2,7 +2,7 @@
 benchmarks/benchmark_engines/setup.sh makes (benchmarks/benchmark_engines.py and benchmarks/engine_perplexity.py call it).
 
     python openvino_tools.py export SOURCE OUTPUT {fp32,int8,int4}
-    python openvino_tools.py perplexity FOLDER < windows.json    # {"windows": [[ids...]], "threads": 2, "options": {}}
+    python openvino_tools.py perplexity FOLDER < windows.json    # {"windows": [{"ids": [...], "scored_from": 1}], "threads": 2, "options": {}}
 
 `export` is what OpenVINO GenAI's documentation does: optimum-intel's export, with NNCF weight compression for 8
 and 4 bits, and the tokenizer and detokenizer as OpenVINO models beside it (the benchmark reports its run time as
@@ -16,14 +16,15 @@ keeps the embedding and LM head in 8 bits), int8 per output channel (`bits=8`: N
 see the worker's `load_openvino`.
 
 `perplexity` runs the exported graph through optimum-intel's OVModelForCausalLM on token ids (tokenized once, by the
-driver), each window from an empty cache, loss at every position but the first, as benchmarks/real_model.py does;
+driver), each window from an empty cache, its tokens from `scored_from` on scored (windows.py) as `vaswani perplexity` does;
 `options` are CPU plugin properties (INFERENCE_PRECISION_HINT "f32" for f32 compute; none: the plugin's default).
 """
 
 import json
-import math
 import sys
 from pathlib import Path
+
+from windows import Total, request_windows
 
 
 def export(source: Path, output: Path, precision: str) -> None:
@@ -48,20 +49,19 @@ def export(source: Path, output: Path, precision: str) -> None:
     openvino.save_model(ov_detokenizer, output / "openvino_detokenizer.xml")
 
 
-def perplexity(folder: str, windows: list[list[int]], threads: int, options: dict) -> dict:
+def perplexity(folder: str, windows: list[tuple[list[int], int]], threads: int, options: dict) -> dict:
     import torch
     from optimum.intel import OVModelForCausalLM
 
     config = {"INFERENCE_NUM_THREADS": threads, **options}
     model = OVModelForCausalLM.from_pretrained(folder, ov_config=config)
-    total, count = 0.0, 0
+    total = Total()
     with torch.no_grad():
-        for ids in windows:
+        for ids, scored_from in windows:
             tokens = torch.tensor([ids])
-            logits = model(input_ids=tokens, attention_mask=torch.ones_like(tokens)).logits[0, :-1].float()
-            total += torch.nn.functional.cross_entropy(logits, tokens[0, 1:], reduction="sum").item()
-            count += len(ids) - 1
-    return {"perplexity": math.exp(total / count), "tokens": count}
+            logits = model(input_ids=tokens, attention_mask=torch.ones_like(tokens)).logits[0].float()
+            total.add(logits.numpy(), ids, scored_from)
+    return total.result()
 
 
 if __name__ == "__main__":
@@ -71,6 +71,6 @@ if __name__ == "__main__":
     elif command == "perplexity" and len(rest) == 1:
         request = json.loads(sys.stdin.read())
         threads, options = request.get("threads", 2), request.get("options", {})
-        print("RESULT " + json.dumps(perplexity(rest[0], request["windows"], threads, options)))
+        print("RESULT " + json.dumps(perplexity(rest[0], request_windows(request), threads, options)))
     else:
         sys.exit(__doc__)
