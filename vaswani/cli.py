@@ -394,6 +394,27 @@ def _serving_line(service, args: argparse.Namespace) -> str:
     )
 
 
+# Commands whose parser and body live in their own module (`add_arguments(parser)`, `run(args)`); the module is
+# imported when its command runs, so `vaswani --help` stays quick.
+MODULE_COMMANDS = {
+    "chat": ("chatting", "chat with a chat model's folder (PyTorch or ONNX): interactive, or one --prompt"),
+    "bench": ("benchmarking", "time to first token and decode tokens/s of a folder on this machine"),
+}
+
+
+def _add_module_parser(subparsers: argparse._SubParsersAction, command: str, selected: bool) -> None:
+    import importlib
+
+    module_name, help_text = MODULE_COMMANDS[command]
+    if not selected:
+        subparsers.add_parser(command, help=help_text, add_help=False)
+        return
+    module = importlib.import_module(f".{module_name}", __package__)
+    parser = subparsers.add_parser(command, help=help_text, description=module.__doc__.split("\n\n")[0])
+    module.add_arguments(parser)
+    parser.set_defaults(run=module.run, parser=parser)
+
+
 def _exit_now(code: int) -> NoReturn:
     """End the process without the interpreter's teardown.
 
@@ -423,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_convert_parser(subparsers)
     _add_export_parser(subparsers)
     _add_serve_parser(subparsers)
+    words = sys.argv[1:] if argv is None else argv
+    for command in MODULE_COMMANDS:
+        _add_module_parser(subparsers, command, selected=command in words[:1])
     args = parser.parse_args(argv)
     code = args.run(args)
     if argv is None and args.command == "export":
