@@ -89,9 +89,7 @@ def chat_reply(
     pad_token_id = loaded.tokenizer.pad_token_id
     if pad_token_id is None:
         pad_token_id = loaded.tokenizer.eos_token_id
-    tokens = loaded.model.generate(
-        **prompt, **options.generate_kwargs(), streamer=streamer, pad_token_id=pad_token_id
-    )
+    tokens = loaded.model.generate(**prompt, **options.generate_kwargs(), streamer=streamer, pad_token_id=pad_token_id)
     return loaded.tokenizer.decode(tokens[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
