@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from safetensors import safe_open
-from serving_cases import tiny_chat_folders, tiny_chat_tokenizer
 
 from vaswani.cli import main as vaswani_cli
 
@@ -16,10 +15,9 @@ onnx = pytest.importorskip("onnx")
 SETTINGS = ["--prompt-tokens", "8", "--new-tokens", "4", "--rounds", "1", "--batch-sizes", "1", "3"]
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    torch_folder, onnx_folder = tiny_chat_folders(tmp_path_factory.mktemp("bench"), tiny_chat_tokenizer())
-    return {"pytorch": torch_folder, "onnx": onnx_folder}
+@pytest.fixture
+def folders(tiny_chat_pair: dict[str, Path]) -> dict[str, Path]:
+    return tiny_chat_pair
 
 
 def saved_weight_bytes(folder: Path) -> int:

@@ -2,13 +2,10 @@
 fp32 ONNX export; one-shot (--prompt), multi-turn (stdin), sampled (--temperature, --seed) and streamed."""
 
 import io
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from serving_cases import tiny_chat_folders, tiny_chat_tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from vaswani.chatting import ChatOptions, chat_reply, chat_session
@@ -21,10 +18,9 @@ NEW_TOKENS = 8
 SYSTEM = "You tell short stories."
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    torch_folder, onnx_folder = tiny_chat_folders(tmp_path_factory.mktemp("chat"), tiny_chat_tokenizer())
-    return {"pytorch": torch_folder, "onnx": onnx_folder}
+@pytest.fixture
+def folders(tiny_chat_pair: dict[str, Path]) -> dict[str, Path]:
+    return tiny_chat_pair
 
 
 def offline_reply(folder: Path, messages: list[dict], **options) -> str:
@@ -111,19 +107,18 @@ def test_folder_without_chat_template_is_refused(folders, tmp_path: Path, capsys
     assert captured.out == "" and "no chat template" in captured.err and "chat_template" in captured.err
 
 
-def test_non_generation_folder_is_refused(tmp_path: Path) -> None:
+def test_non_generation_folder_is_refused(folders, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from conftest import build_model, tiny_encoder_config
 
     from vaswani import VaswaniForMaskedLM
 
     folder = tmp_path / "masked"
     build_model(VaswaniForMaskedLM, tiny_encoder_config(), "sdpa").save_pretrained(folder)
-    tiny_chat_tokenizer().save_pretrained(folder)
-    result = subprocess.run(
-        [sys.executable, "-m", "vaswani.cli", "chat", str(folder), "--prompt", "Hi"], capture_output=True, text=True
-    )
-    assert result.returncode == 2 and result.stdout == ""
-    assert "'fill-mask' model" in result.stderr and "text-generation" in result.stderr
+    AutoTokenizer.from_pretrained(folders["pytorch"]).save_pretrained(folder)
+    assert vaswani_cli(["chat", str(folder), "--prompt", "Hi"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "'fill-mask' model" in captured.err and "text-generation" in captured.err
 
 
 def test_bad_flags_are_argparse_errors(folders, capsys: pytest.CaptureFixture) -> None:
