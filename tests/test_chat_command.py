@@ -68,6 +68,21 @@ def test_reset_starts_a_new_conversation(folders) -> None:
     assert answers[1] == offline_reply(folders["pytorch"], fresh, do_sample=False)
 
 
+class Terminal(io.StringIO):
+    """Lines typed at a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_gets_a_prompt_before_each_line(folders) -> None:
+    loaded = load_folder(folders["onnx"], task="text-generation")
+    output = io.StringIO()
+    chat_session(loaded, ChatOptions(max_new_tokens=NEW_TOKENS), None, Terminal("Hi\n"), output)
+    answer = offline_reply(folders["pytorch"], [{"role": "user", "content": "Hi"}], do_sample=False)
+    assert output.getvalue() == f"> {answer}\n> "
+
+
 @pytest.mark.parametrize("form", ["pytorch", "onnx"])
 def test_seeded_sampling_matches_generate(folders, form: str, capsys: pytest.CaptureFixture) -> None:
     output = chat_command(capsys, str(folders[form]), "--prompt", "Hi", "--temperature", "0.8", "--seed", "3")
@@ -122,8 +137,9 @@ def test_non_generation_folder_is_refused(folders, tmp_path: Path, capsys: pytes
 
 
 def test_bad_flags_are_argparse_errors(folders, capsys: pytest.CaptureFixture) -> None:
-    for flags in (["--max-new-tokens", "0"], ["--temperature", "-1"], ["--top-p", "1.5"]):
+    for flags in (["--max-new-tokens", "0"], ["--temperature", "-1"], ["--seed", "3"], ["--top-p", "1.5"]):
         with pytest.raises(SystemExit) as exit_info:
             vaswani_cli(["chat", str(folders["pytorch"]), "--prompt", "Hi", *flags])
         assert exit_info.value.code == 2
-    assert "--top-p must be in (0, 1]" in capsys.readouterr().err
+    errors = capsys.readouterr().err
+    assert "--seed applies to sampling: add --temperature" in errors and "--top-p must be in (0, 1]" in errors

@@ -156,6 +156,10 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("--top-k must be at least 1")
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be at least 1")
+    if args.temperature == 0:
+        for flag, value in (("--top-p", args.top_p), ("--top-k", args.top_k), ("--seed", args.seed)):
+            if value is not None:
+                parser.error(f"{flag} applies to sampling: add --temperature T (T > 0; without it answers are greedy)")
 
 
 def run(args: argparse.Namespace) -> int:
