@@ -7,6 +7,8 @@ Example:
     $ vaswani export --model ./vaswani-folder --task text-generation --output ./onnx-folder
     $ vaswani export --model ./llama-folder --output ./onnx-folder  # both steps in one process
     $ vaswani serve ./onnx-folder --port 8000
+    $ vaswani chat ./onnx-folder --prompt "Tell me a story."  # without --prompt: an interactive chat
+    $ vaswani bench ./onnx-folder --batch-sizes 1 8 --json bench.json
 """
 
 import argparse
