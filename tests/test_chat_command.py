@@ -85,7 +85,9 @@ def test_a_terminal_gets_a_prompt_before_each_line(folders) -> None:
 
 @pytest.mark.parametrize("form", ["pytorch", "onnx"])
 def test_seeded_sampling_matches_generate(folders, form: str, capsys: pytest.CaptureFixture) -> None:
+    state = torch.random.get_rng_state()
     output = chat_command(capsys, str(folders[form]), "--prompt", "Hi", "--temperature", "0.8", "--seed", "3")
+    assert torch.equal(torch.random.get_rng_state(), state)  # the caller's random state is left as it was
     torch.manual_seed(3)
     expected = offline_reply(
         folders["pytorch"], [{"role": "user", "content": "Hi"}], do_sample=True, temperature=0.8, top_k=0, top_p=1.0

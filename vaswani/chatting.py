@@ -17,9 +17,10 @@ From Python:
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from .loading import LoadedFolder
@@ -29,8 +30,8 @@ Messages = list[dict[str, str]]
 
 @dataclass
 class ChatOptions:
-    """How an answer is generated: greedy when `temperature` is 0, else sampled with `top_p`/`top_k` (None: off) from
-    `torch.manual_seed(seed)` when `seed` is given."""
+    """How an answer is generated: greedy when `temperature` is 0, else sampled with `top_p`/`top_k` (None: off),
+    drawing as after `torch.manual_seed(seed)` when `seed` is given (the caller's random state is left as it was)."""
 
     max_new_tokens: int = 256
     temperature: float = 0.0
@@ -50,6 +51,21 @@ class ChatOptions:
             top_p=self.top_p if self.top_p is not None else 1.0,
             top_k=self.top_k if self.top_k is not None else 0,
         )
+
+
+@contextmanager
+def seeded(seed: int | None, device: Any) -> Iterator[None]:
+    """Sampling inside draws from torch's generator seeded with `seed` (None: as it stands), as after
+    `torch.manual_seed(seed)`; the caller's generator state is restored afterwards."""
+    if seed is None:
+        yield
+        return
+    import torch
+
+    devices = [device] if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
 
 
 def chat_prompt(loaded: "LoadedFolder", messages: Messages) -> dict:
@@ -82,14 +98,13 @@ def chat_reply(
     if stream is not None:
         streamer = TextStreamer(loaded.tokenizer, skip_prompt=True, skip_special_tokens=True)
         streamer.on_finalized_text = lambda text, stream_end=False: stream(text)
-    if options.seed is not None:
-        import torch
-
-        torch.manual_seed(options.seed)
     pad_token_id = loaded.tokenizer.pad_token_id
     if pad_token_id is None:
         pad_token_id = loaded.tokenizer.eos_token_id
-    tokens = loaded.model.generate(**prompt, **options.generate_kwargs(), streamer=streamer, pad_token_id=pad_token_id)
+    with seeded(options.seed, loaded.model.device):
+        tokens = loaded.model.generate(
+            **prompt, **options.generate_kwargs(), streamer=streamer, pad_token_id=pad_token_id
+        )
     return loaded.tokenizer.decode(tokens[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
