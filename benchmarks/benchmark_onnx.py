@@ -46,6 +46,7 @@ from transformers import (
 )
 
 import vaswani  # noqa: F401  (registers the vaswani models with the Auto classes)
+from vaswani.benchmarking import memory_bandwidth
 from vaswani.conversion import OrtModelForCausalLM, OrtModelForSeq2SeqLM, export_onnx
 from vaswani.conversion.checkpoints import from_transformers
 from vaswani.conversion.onnx import OrtModelForGeneration, default_session_options
@@ -274,21 +275,6 @@ def bench_int8(models: dict, args: argparse.Namespace) -> str:
 # ------------------------------------------------------------------------------------------------------ GPU
 
 
-def memory_bandwidth(device: str = "cuda", megabytes: int = 1024) -> float:
-    """Device memory bandwidth in bytes/s, from timing a large copy (read + write)."""
-    source = torch.empty(megabytes * 2**20, dtype=torch.uint8, device=device)
-    target = torch.empty_like(source)
-    target.copy_(source)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(10):
-        start = time.perf_counter()
-        target.copy_(source)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return 2 * source.numel() / statistics.median(times)
-
-
 def bench_gpu(models: dict, args: argparse.Namespace) -> str:
     if not torch.cuda.is_available():
         return "**GPU**: skipped, no CUDA device."
@@ -321,7 +307,7 @@ def bench_gpu(models: dict, args: argparse.Namespace) -> str:
         times[new_tokens] = time_alternating({"ort": task}, args.repeats, "cuda")["ort"]
     step = (times[1 + args.new_tokens] - times[1]) / args.new_tokens
     weight_bytes = sum(p.numel() for p in model.parameters()) * 2  # fp16
-    bandwidth = memory_bandwidth()
+    bandwidth = memory_bandwidth("cuda", 1024, rounds=10, summary=statistics.median)
     bound = weight_bytes / bandwidth
     lines += [
         "",

@@ -74,13 +74,10 @@ def weight_bytes(graph_path: Path) -> dict[str, int]:
     """Bytes of the initializers each weight product reads (weights, scales, zero points, bias), by node name."""
     import onnx
 
+    from vaswani.benchmarking import initializer_bytes
+
     graph = onnx.load(str(graph_path), load_external_data=False).graph
-    sizes = {}
-    for tensor in graph.initializer:
-        count = 1
-        for dim in tensor.dims:
-            count *= dim
-        sizes[tensor.name] = count * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    sizes = initializer_bytes(graph_path)
     # A tied LM head in an fp32 graph multiplies by Transpose(embedding), which ONNX Runtime folds at load time.
     for node in graph.node:
         if node.op_type == "Transpose" and node.input[0] in sizes:

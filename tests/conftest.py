@@ -152,6 +152,16 @@ def declared_extra_modules() -> dict[str, str]:
     return modules
 
 
+@pytest.fixture(scope="session")
+def tiny_chat_pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """{"pytorch": folder, "onnx": its fp32 export} of a tiny chat model (serving_cases.tiny_chat_folders), made once
+    per session for the tests of the commands that take a FOLDER; tests read these folders and never write them."""
+    from serving_cases import tiny_chat_folders, tiny_chat_tokenizer
+
+    torch_folder, onnx_folder = tiny_chat_folders(tmp_path_factory.mktemp("tiny_chat_pair"), tiny_chat_tokenizer())
+    return {"pytorch": torch_folder, "onnx": onnx_folder}
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Under CI (`CI=true`), every declared extra must import: the ONNX, serving and training tests skip where theirs
     is missing, so a broken extra would otherwise turn hundreds of tests into skips and leave the run green."""

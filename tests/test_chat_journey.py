@@ -1,11 +1,11 @@
 """The chat fine-tuning journey of the README, end to end on a small chat model built here (nothing downloads):
 
 convert a LLaMA chat checkpoint (`vaswani convert`) -> LoRA fine-tune on conversations and merge
-(`scripts/finetune.py --lora --merge`) -> chat with it (pipeline and `generate`) -> export to ONNX, fp32 and int8
-(`vaswani export`) -> chat with ONNX Runtime.
+(`scripts/finetune.py --lora --merge`) -> chat with it (`vaswani chat --prompt`) -> export to ONNX, fp32 and int8
+(`vaswani export`) -> chat with ONNX Runtime (`vaswani chat --prompt`).
 
-Oracles: the converter's own parity check; PyTorch's greedy reply for the pipeline, for `generate` and for ONNX
-Runtime (fp32 must write the same tokens); the exporter's validation against PyTorch for int8.
+Oracles: the converter's own parity check; PyTorch's greedy `generate` for `vaswani chat` on the PyTorch folder and
+on the fp32 export (same tokens); the exporter's validation against PyTorch and fp32's distributions for int8.
 """
 
 from pathlib import Path
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_textbook_tasks import load_script
-from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from vaswani.cli import main as vaswani_cli
 
@@ -52,11 +52,15 @@ def journey(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def reply_of(chat: pipeline) -> str:
-    output = chat([dict(message) for message in QUESTION], max_new_tokens=NEW_TOKENS, do_sample=False)
-    conversation = output[0]["generated_text"]
-    assert [message["role"] for message in conversation] == ["system", "user", "assistant"]
-    return conversation[-1]["content"]
+def reply_of(folder: Path, capsys: pytest.CaptureFixture) -> str:
+    """Steps 4 and 6: `vaswani chat FOLDER --system ... --prompt ...`, whose stdout is the answer alone."""
+    (system, user) = (message["content"] for message in QUESTION)
+    flags = ["--system", system, "--prompt", user, "--max-new-tokens", str(NEW_TOKENS)]
+    capsys.readouterr()
+    assert vaswani_cli(["chat", str(folder), *flags]) == 0
+    output = capsys.readouterr().out
+    assert output.endswith("\n")
+    return output[:-1]
 
 
 def generated_tokens(model, tokenizer) -> list[int]:
@@ -77,12 +81,12 @@ def reply_divergence(reference, model, tokenizer, reply_tokens: list[int]) -> fl
 
 
 @pytest.fixture(scope="module")
-def pytorch_chat(journey: Path) -> tuple[str, list[int]]:
-    """Step 4: the merged model's greedy reply through the text-generation pipeline, and its tokens by `generate`."""
+def pytorch_chat(journey: Path) -> list[int]:
+    """The oracle of steps 4 and 6: the merged model's greedy reply tokens by `generate`."""
     model_dir = journey / "finetuned" / "model"
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    return reply_of(pipeline("text-generation", model=model, tokenizer=tokenizer)), generated_tokens(model, tokenizer)
+    return generated_tokens(model, tokenizer)
 
 
 def test_lora_fine_tune_on_conversations_lowers_the_eval_loss_and_merges(journey: Path) -> None:
@@ -97,11 +101,14 @@ def test_lora_fine_tune_on_conversations_lowers_the_eval_loss_and_merges(journey
     )
 
 
-def test_pipeline_and_generate_give_the_same_reply(journey: Path, pytorch_chat: tuple[str, list[int]]) -> None:
-    reply, tokens = pytorch_chat
-    tokenizer = AutoTokenizer.from_pretrained(journey / "finetuned" / "model")
-    assert len(tokens) > 0
-    assert reply == tokenizer.decode(tokens, skip_special_tokens=True)
+def test_chat_command_answers_like_generate(
+    journey: Path, pytorch_chat: list[int], capsys: pytest.CaptureFixture
+) -> None:
+    """Step 4: `vaswani chat` on the merged model prints its greedy `generate` reply."""
+    model_dir = journey / "finetuned" / "model"
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    assert len(pytorch_chat) > 0
+    assert reply_of(model_dir, capsys) == tokenizer.decode(pytorch_chat, skip_special_tokens=True)
 
 
 @pytest.fixture(scope="module")
@@ -112,20 +119,21 @@ def onnx_fp32(journey: Path) -> Path:
     return output
 
 
-def test_onnx_runtime_chats_like_pytorch(onnx_fp32: Path, pytorch_chat: tuple[str, list[int]]) -> None:
+def test_onnx_runtime_chats_like_pytorch(
+    onnx_fp32: Path, pytorch_chat: list[int], capsys: pytest.CaptureFixture
+) -> None:
     """Steps 5-6, fp32: the exported folder carries the chat template, and ONNX Runtime writes PyTorch's reply."""
-    reply, tokens = pytorch_chat
     tokenizer = AutoTokenizer.from_pretrained(onnx_fp32)
     assert tokenizer.chat_template is not None
     model = OrtModelForCausalLM.from_pretrained(onnx_fp32)
-    assert generated_tokens(model, tokenizer) == tokens
-    assert reply_of(pipeline("text-generation", model=model, tokenizer=tokenizer)) == reply
+    assert generated_tokens(model, tokenizer) == pytorch_chat
+    assert reply_of(onnx_fp32, capsys) == tokenizer.decode(pytorch_chat, skip_special_tokens=True)
 
 
 def test_int8_export_validates_and_chats(
-    journey: Path, tmp_path: Path, onnx_fp32: Path, pytorch_chat: tuple[str, list[int]]
+    journey: Path, tmp_path: Path, onnx_fp32: Path, pytorch_chat: list[int], capsys: pytest.CaptureFixture
 ) -> None:
-    """Steps 5-6, int8: the export validates (exit 0, no skip), ONNX Runtime answers through the pipeline, and its
+    """Steps 5-6, int8: the export validates (exit 0, no skip), `vaswani chat` answers with its greedy reply, and its
     next-token distributions over the fp32 reply stay within a KL divergence bound of the fp32 export's."""
     output = tmp_path / "onnx-int8"
     model_dir = journey / "finetuned" / "model"
@@ -145,11 +153,11 @@ def test_int8_export_validates_and_chats(
     assert status == 0
     tokenizer = AutoTokenizer.from_pretrained(output)
     model = OrtModelForCausalLM.from_pretrained(output)
-    reply = reply_of(pipeline("text-generation", model=model, tokenizer=tokenizer))
+    reply = reply_of(output, capsys)
     tokens = generated_tokens(model, tokenizer)
     assert reply == tokenizer.decode(tokens, skip_special_tokens=True)
     # Tokens are not compared: this tiny model's first reply token is a near-tie that int8 rounding may flip (it
     # does on an AVX-512 CPU). Its distributions are: measured 3.5e-7 nats from fp32's over the reply; a broken scale
     # or zero point moves them by whole nats, and other CPUs' int8 kernels by far less than the bound.
-    divergence = reply_divergence(OrtModelForCausalLM.from_pretrained(onnx_fp32), model, tokenizer, pytorch_chat[1])
+    divergence = reply_divergence(OrtModelForCausalLM.from_pretrained(onnx_fp32), model, tokenizer, pytorch_chat)
     assert divergence < 1e-3, f"int8 replies diverge from fp32's by {divergence:.3g} nats per token"

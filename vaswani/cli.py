@@ -8,6 +8,8 @@ Example:
     $ vaswani export --model ./llama-folder --output ./onnx-folder  # both steps in one process
     $ vaswani serve ./onnx-folder --port 8000
     $ vaswani perplexity ./onnx-folder --text story.txt --context 512 --stride 256
+    $ vaswani chat ./onnx-folder --prompt "Tell me a story."  # without --prompt: an interactive chat
+    $ vaswani bench ./onnx-folder --batch-sizes 1 8 --json bench.json
 """
 
 import argparse
@@ -396,6 +398,27 @@ def _serving_line(service, args: argparse.Namespace) -> str:
     )
 
 
+# Commands whose parser and body live in their own module (`add_arguments(parser)`, `run(args)`); the module is
+# imported when its command runs, so `vaswani --help` stays quick.
+MODULE_COMMANDS = {
+    "chat": ("chatting", "chat with a chat model's folder (PyTorch or ONNX): interactive, or one --prompt"),
+    "bench": ("benchmarking", "time to first token and decode tokens/s of a folder on this machine"),
+}
+
+
+def _add_module_parser(subparsers: argparse._SubParsersAction, command: str, selected: bool) -> None:
+    import importlib
+
+    module_name, help_text = MODULE_COMMANDS[command]
+    if not selected:
+        subparsers.add_parser(command, help=help_text, add_help=False)
+        return
+    module = importlib.import_module(f".{module_name}", __package__)
+    parser = subparsers.add_parser(command, help=help_text, description=module.__doc__.split("\n\n")[0])
+    module.add_arguments(parser)
+    parser.set_defaults(run=module.run, parser=parser)
+
+
 def _exit_now(code: int) -> NoReturn:
     """End the process without the interpreter's teardown.
 
@@ -458,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_export_parser(subparsers)
     _add_serve_parser(subparsers)
     _add_perplexity_parser(subparsers)
+    words = sys.argv[1:] if argv is None else argv
+    for command in MODULE_COMMANDS:
+        _add_module_parser(subparsers, command, selected=command in words[:1])
     args = parser.parse_args(argv)
     code = args.run(args)
     if argv is None and args.command == "export":
