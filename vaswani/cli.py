@@ -1,4 +1,5 @@
-"""The `vaswani` command line: `vaswani convert` (checkpoints), `vaswani export` (ONNX), `vaswani serve` (HTTP).
+"""The `vaswani` command line: `vaswani convert` (checkpoints), `vaswani export` (ONNX), `vaswani serve` (HTTP),
+`vaswani finetune` (transformers' Trainer).
 
 `vaswani serve` is an OpenAI-compatible server with continuous batching (`vaswani.serving`).
 
@@ -7,6 +8,8 @@ Example:
     $ vaswani export --model ./vaswani-folder --task text-generation --output ./onnx-folder
     $ vaswani export --model ./llama-folder --output ./onnx-folder  # both steps in one process
     $ vaswani serve ./onnx-folder --port 8000
+    $ vaswani finetune --model ./vaswani-folder --train_file train.txt --output_dir out --lora
+    $ torchrun --nproc_per_node 2 -m vaswani finetune ...  # or: accelerate launch ... -m vaswani finetune ...
 """
 
 import argparse
@@ -394,6 +397,17 @@ def _serving_line(service, args: argparse.Namespace) -> str:
     )
 
 
+def _add_finetune_parser(subparsers: argparse._SubParsersAction) -> None:
+    # Listed here for `vaswani --help` only: `main` hands `vaswani finetune ARGS` to the module's own parser
+    # (HfArgumentParser over the Trainer's flags), which `vaswani finetune --help` shows.
+    subparsers.add_parser(
+        "finetune",
+        help="fine-tune a model folder with transformers' Trainer (full or LoRA; text, chat, classification, "
+        "seq2seq; torchrun/accelerate launch -m vaswani finetune); needs pip install 'vaswani[train]'",
+        add_help=False,
+    )
+
+
 def _exit_now(code: int) -> NoReturn:
     """End the process without the interpreter's teardown.
 
@@ -418,11 +432,17 @@ def main(argv: list[str] | None = None) -> int:
         >>> main(["export", "--model", "llama-folder", "--output", "llama-onnx"])  # doctest: +SKIP
         0
     """
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if arguments[:1] == ["finetune"]:
+        from .finetuning import main as finetune_main  # torch, transformers and datasets load only for this command
+
+        return finetune_main(arguments[1:])
     parser = argparse.ArgumentParser(prog="vaswani", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_convert_parser(subparsers)
     _add_export_parser(subparsers)
     _add_serve_parser(subparsers)
+    _add_finetune_parser(subparsers)
     args = parser.parse_args(argv)
     code = args.run(args)
     if argv is None and args.command == "export":
