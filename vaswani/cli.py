@@ -434,8 +434,11 @@ def main(argv: list[str] | None = None) -> int:
     """
     arguments = sys.argv[1:] if argv is None else list(argv)
     if arguments[:1] == ["finetune"]:
-        from .finetuning import main as finetune_main  # torch, transformers and datasets load only for this command
-
+        try:  # torch, transformers and datasets load only for this command
+            from .finetuning import main as finetune_main
+        except ImportError as error:
+            print(f"error: {error}. Install the training dependencies: pip install 'vaswani[train]'", file=sys.stderr)
+            return 2
         return finetune_main(arguments[1:])
     parser = argparse.ArgumentParser(prog="vaswani", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
