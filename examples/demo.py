@@ -33,6 +33,7 @@ from vaswani import VaswaniDecoderConfig, VaswaniForCausalLM
 from vaswani.data import corpus_stories
 from vaswani.perplexity import summed_nll
 from vaswani.tokenization import train_tokenizer
+from vaswani.training import save_loss_curve
 
 PROMPTS = ("Once upon a time, there was", "There once was a clever fox. Her name was")
 
@@ -173,30 +174,6 @@ def train(model: VaswaniForCausalLM, data: torch.Tensor, args: Args) -> list[flo
     return losses
 
 
-def save_loss_curve(losses: list[float], eval_before: float, eval_after: float, path: Path) -> None:
-    """Plot the training loss (and the held-out loss before/after) to a PNG, if matplotlib is installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install -e '.[train]'): skipping the loss curve")
-        return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(range(1, len(losses) + 1), losses, label="training loss (one batch)", linewidth=1)
-    ax.scatter([0, len(losses)], [eval_before, eval_after], color="C1", zorder=3, label="held-out loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats/token)")
-    ax.set_title("vaswani demo: LLaMA-shaped decoder on the shipped corpus")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"loss curve: {path}")
-
-
 # ------------------------------------------------------------------------------------------------ generation
 
 
@@ -283,7 +260,17 @@ def main() -> None:
     model.save_pretrained(args.output)  # config.json + model.safetensors (+ the model code, for trust_remote_code)
     tokenizer.save_pretrained(args.output)
     print(f"saved model and tokenizer to {args.output}")
-    save_loss_curve(losses, eval_before, eval_after, args.output / "loss_curve.png")
+    # The held-out loss before step 1 and after the last, beside every step's batch loss.
+    history = [
+        {"step": 0, "eval_loss": eval_before},
+        *({"step": step, "loss": loss} for step, loss in enumerate(losses, 1)),
+    ]
+    history.append({"step": len(losses), "eval_loss": eval_after})
+    title = "vaswani demo: LLaMA-shaped decoder on the shipped corpus"
+    if save_loss_curve(history, args.output / "loss_curve.png", title) is None:
+        print("matplotlib is not installed (pip install -e '.[train]'): skipping the loss curve")
+    else:
+        print(f"loss curve: {args.output / 'loss_curve.png'}")
 
     show_generations(args.output, args.max_new_tokens, args.seed)
     if args.onnx:

@@ -27,7 +27,7 @@ import torch
 from transformers import EvalPrediction, Trainer, TrainingArguments, set_seed
 
 from vaswani import VaswaniEncoderConfig, VaswaniForSequenceClassification
-from vaswani.training import TensorDataset, describe_device
+from vaswani.training import TensorDataset, describe_device, save_loss_curve
 
 
 @dataclass
@@ -181,39 +181,6 @@ def accuracy(prediction: EvalPrediction) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------------- report
 
 
-def save_loss_curve(log_history: list[dict], path: Path, num_classes: int) -> None:
-    """Training loss (per logging interval) and validation loss and accuracy (per epoch) to a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    train = [(entry["step"], entry["loss"]) for entry in log_history if "loss" in entry]
-    evals = [
-        (entry["step"], entry["eval_loss"], entry["eval_accuracy"]) for entry in log_history if "eval_loss" in entry
-    ]
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.8))
-    ax_loss.plot(*zip(*train), label="training loss", linewidth=1.2)
-    ax_loss.plot([s for s, _, _ in evals], [loss for _, loss, _ in evals], "o-", label="validation loss", markersize=3)
-    ax_loss.axhline(math.log(num_classes), color="gray", linestyle=":", label=f"chance (ln {num_classes})")
-    ax_loss.set_yscale("log")
-    ax_loss.set_xlabel("step")
-    ax_loss.set_ylabel("cross-entropy (nats)")
-    ax_loss.grid(alpha=0.3, which="both")
-    ax_loss.legend()
-    ax_acc.plot([s for s, _, _ in evals], [acc for _, _, acc in evals], "o-", color="C2", markersize=3)
-    ax_acc.axhline(0.99, color="gray", linestyle=":", label="target 0.99")
-    ax_acc.set_xlabel("step")
-    ax_acc.set_ylabel("validation accuracy")
-    ax_acc.set_ylim(0, 1.02)
-    ax_acc.grid(alpha=0.3)
-    ax_acc.legend(loc="lower right")
-    fig.suptitle("Pattern classification: 3-layer pre-LN encoder, mean pooling")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def write_results(results: dict, output_dir: Path) -> None:
     (output_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     history = results["validation_accuracy_per_epoch"]
@@ -300,7 +267,11 @@ def main(argv: list[str] | None = None) -> dict:
     train_losses = [entry["loss"] for entry in log_history if "loss" in entry]
     chance_loss = math.log(args.num_classes)
     try:
-        save_loss_curve(log_history, args.output_dir / "loss_curve.png", args.num_classes)
+        save_loss_curve(
+            log_history, args.output_dir / "loss_curve.png", "Pattern classification: 3-layer pre-LN encoder, mean "
+            "pooling", chance=math.log(args.num_classes), chance_label=f"chance (ln {args.num_classes})",
+            log_scale=True, accuracy_target=0.99,
+        )  # fmt: skip
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[train]'): skipping the loss curve")
 

@@ -27,7 +27,7 @@ from transformers import AutoModelForSeq2SeqLM, Trainer, TrainingArguments, set_
 
 import vaswani  # noqa: F401  (registers the vaswani models with transformers' Auto classes)
 from vaswani import VaswaniForConditionalGeneration, VaswaniSeq2SeqConfig
-from vaswani.training import TensorDataset, describe_device
+from vaswani.training import TensorDataset, describe_device, save_loss_curve
 
 # The character vocabulary: three special tokens, then one token per lowercase letter.
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")
@@ -177,31 +177,6 @@ def exact_match(model: VaswaniForConditionalGeneration, texts: list[str], batch_
 
 
 # ---------------------------------------------------------------------------------------------------- figures
-
-
-def save_loss_curve(log_history: list[dict], path: Path) -> None:
-    """Training loss (per logging interval) and validation loss (every `--eval-every` steps) to a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    train = [(entry["step"], entry["loss"]) for entry in log_history if "loss" in entry]
-    evals = [(entry["step"], entry["eval_loss"]) for entry in log_history if "eval_loss" in entry]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(*zip(*train), label="training loss", linewidth=1.2)
-    if evals:
-        ax.plot(*zip(*evals), "o-", label="validation loss (fresh strings)", markersize=3)
-    ax.axhline(math.log(len(VOCAB)), color="gray", linestyle=":", label=f"uniform guess (ln {len(VOCAB)})")
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats/token)")
-    ax.set_title("String reversal: 2+2-layer post-LN encoder-decoder")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 @torch.no_grad()
@@ -365,7 +340,10 @@ def main(argv: list[str] | None = None) -> dict:
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(args).items()},
     }
     try:
-        save_loss_curve(log_history, args.output_dir / "loss_curve.png")
+        save_loss_curve(
+            log_history, args.output_dir / "loss_curve.png", "String reversal: 2+2-layer post-LN encoder-decoder",
+            chance=math.log(len(VOCAB)), chance_label=f"uniform guess (ln {len(VOCAB)})", log_scale=True,
+        )  # fmt: skip
         save_cross_attention(model, args.attention_text, args.output_dir / "cross_attention.png")
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[train]'): skipping the figures")

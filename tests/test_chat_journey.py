@@ -1,7 +1,7 @@
 """The chat fine-tuning journey of the README, end to end on a small chat model built here (nothing downloads):
 
 convert a LLaMA chat checkpoint (`vaswani convert`) -> LoRA fine-tune on conversations and merge
-(`scripts/finetune.py --lora --merge`) -> chat with it (`vaswani chat --prompt`) -> export to ONNX, fp32 and int8
+(`vaswani finetune --lora --merge`) -> chat with it (`vaswani chat --prompt`) -> export to ONNX, fp32 and int8
 (`vaswani export`) -> chat with ONNX Runtime (`vaswani chat --prompt`).
 
 Oracles: the converter's own parity check; PyTorch's greedy `generate` for `vaswani chat` on the PyTorch folder and
@@ -12,19 +12,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_textbook_tasks import load_script
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from vaswani.cli import main as vaswani_cli
+from vaswani.data import chat_demo
+from vaswani.finetuning import finetune
 
 pytest.importorskip("onnxruntime")
 from vaswani.conversion import OrtModelForCausalLM  # noqa: E402
 
-finetune = load_script("finetune")
-make_chat_model = load_script("make_chat_model")
-
 QUESTION = [
-    {"role": "system", "content": make_chat_model.SYSTEM_PROMPT},
+    {"role": "system", "content": chat_demo.SYSTEM_PROMPT},
     {"role": "user", "content": "Tell me a story."},
 ]
 NEW_TOKENS = 12
@@ -34,18 +32,16 @@ NEW_TOKENS = 12
 def journey(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Steps 1-3: a LLaMA chat checkpoint, converted, LoRA-fine-tuned and merged."""
     root = tmp_path_factory.mktemp("chat_journey")
-    make_chat_model.build_chat_checkpoint(
+    chat_demo.build_chat_checkpoint(
         root / "chat-llama", vocab_size=300, hidden_size=32, max_position_embeddings=256
     )
-    make_chat_model.write_conversations(root / "chats.jsonl", 32)
-    make_chat_model.write_conversations(root / "chats-valid.jsonl", 8, offset=32)
+    chat_demo.write_conversations(root / "chats.jsonl", 32)
+    chat_demo.write_conversations(root / "chats-valid.jsonl", 8, offset=32)
     assert vaswani_cli(["convert", "--from", str(root / "chat-llama"), "--to", str(root / "chat-vaswani")]) == 0
     flags = f"--model {root / 'chat-vaswani'} --train_file {root / 'chats.jsonl'} --validation_file {root / 'chats-valid.jsonl'}"
     flags += " --lora --merge --max_steps 8 --per_device_train_batch_size 8 --learning_rate 2e-2 --logging_steps 2"
     flags += " --eval_on_start --eval_strategy no --save_strategy no --use_cpu --disable_tqdm true --report_to none"
-    results = finetune.main(
-        [*flags.split(), "--output_dir", str(root / "finetuned"), "--cache_dir", str(root / "cache")]
-    )
+    results = finetune([*flags.split(), "--output_dir", str(root / "finetuned"), "--cache_dir", str(root / "cache")])
     (root / "eval_losses.txt").write_text(
         " ".join(str(entry["eval_loss"]) for entry in results["log_history"] if "eval_loss" in entry)
     )

@@ -1,4 +1,4 @@
-"""Scale-out: `scripts/finetune.py` runs unchanged under `torchrun` and `accelerate launch` (DDP), and the models shard
+"""Scale-out: `vaswani finetune` runs unchanged under `torchrun` and `accelerate launch` (DDP), and the models shard
 per layer under FSDP2.
 
 Two CPU processes (gloo) train a few steps with half the batch each; the oracle is one process training the same
@@ -6,10 +6,10 @@ steps on the whole batch (dropout is 0 and the data order is seeded, so the runs
 order). Each launched run takes about 10 to 15 seconds, mostly process start-up.
 
 This file is also the per-rank program of the launched runs (`python tests/test_distributed.py MODE ...`, see
-`worker`): it runs the script's `main` with a callback that saves each rank's final weights, or the FSDP2 loop.
+`worker`): it runs `vaswani.finetuning.finetune` with a callback that saves each rank's final weights, or the FSDP2 loop.
 
 FSDP through the Trainer needs GPUs: accelerate 1.15 turns FSDP on only for accelerator process groups (on CPU it
-silently trains plain DDP, which the script refuses). torch's FSDP2 itself runs on gloo, so on CPU the models are
+silently trains plain DDP, which `vaswani finetune` refuses). torch's FSDP2 itself runs on gloo, so on CPU the models are
 sharded per block with `fully_shard` directly, using the wrap policy accelerate derives from `_no_split_modules`.
 """
 
@@ -42,7 +42,7 @@ TIMEOUT = 180  # seconds per launched run; a few steps take about 15 s on a load
 
 
 def launch_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
 
 
 def run_launched(command: list[str]) -> None:
@@ -75,7 +75,7 @@ def training_flags(workspace: Path, batch_size: int) -> str:
 def single_process_weights(workspace: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
     """The oracle: one process, the whole global batch."""
     output_dir = tmp_path_factory.mktemp("single")
-    finetune.main(finetune_argv(workspace, output_dir, training_flags(workspace, RANKS * PER_RANK_BATCH)))
+    finetune(finetune_argv(workspace, output_dir, training_flags(workspace, RANKS * PER_RANK_BATCH)))
     weights = load_file(output_dir / "model" / "model.safetensors")
     start = load_file(workspace / "decoder" / "model.safetensors")
     assert max_abs_diff(weights, start) > 1e-3  # it trained: the comparisons below are not between untouched weights
@@ -111,7 +111,7 @@ def test_accelerate_launch_ddp_matches_one_process(
     ]
     launch += ["--main_process_port", str(free_port())]
     argv = finetune_argv(workspace, tmp_path, training_flags(workspace, PER_RANK_BATCH))
-    run_launched([*launch, str(ROOT / "scripts" / "finetune.py"), *argv])
+    run_launched([*launch, "-m", "vaswani", "finetune", *argv])
 
     saved = load_file(tmp_path / "model" / "model.safetensors")
     assert max_abs_diff(saved, single_process_weights) < TOLERANCE
@@ -182,7 +182,7 @@ def test_accelerate_launch_fsdp_matches_one_process(
     launch += ["--num_processes", str(RANKS), "--main_process_port", str(free_port())]
     argv = finetune_argv(workspace, tmp_path, training_flags(workspace, PER_RANK_BATCH))
     argv.remove("--use_cpu")
-    run_launched([*launch, str(ROOT / "scripts" / "finetune.py"), *argv])
+    run_launched([*launch, "-m", "vaswani", "finetune", *argv])
 
     saved = load_file(tmp_path / "model" / "model.safetensors")
     assert max_abs_diff(saved, single_process_weights) < 1e-4  # GPU kernels against the CPU oracle
@@ -227,7 +227,7 @@ def worker(argv: list[str]) -> None:
     mode, *rest = argv
     if mode == "finetune":
         directory, *finetune_args = rest
-        finetune.main(finetune_args, callbacks=[SaveRankWeights(directory)])
+        finetune(finetune_args, callbacks=[SaveRankWeights(directory)])
     elif mode == "fsdp2":
         fsdp2_worker(*rest)
     else:

@@ -1,7 +1,8 @@
-"""Fine-tuning with `scripts/finetune.py` and the paper's recipe in `vaswani.training`.
+"""Fine-tuning with `vaswani finetune` and the paper's recipe in `vaswani.training`.
 
-The script is imported from its file and its `main(argv)` called in-process (tests/test_distributed.py runs it as a
-command). Models are tiny, saved with a tiny tokenizer trained on the packaged corpus; the data files are written
+`vaswani.finetuning.finetune(argv)` (what the command runs, returning its metrics) and the command itself
+(`vaswani.cli.main(["finetune", ...])`) run in-process; tests/test_distributed.py launches it under torchrun and
+accelerate. Models are tiny, saved with a tiny tokenizer trained on the packaged corpus; the data files are written
 from that corpus.
 The paper's schedule is checked against its formula written out here and against transformers' `inverse_sqrt`.
 """
@@ -16,16 +17,16 @@ import pytest
 import torch
 from conftest import tiny_decoder_config, tiny_encoder_config, tiny_seq2seq_config
 from safetensors.torch import load_file
-from test_textbook_tasks import load_script
 from transformers import AutoModelForSequenceClassification, TrainerCallback
 from transformers.optimization import get_inverse_sqrt_schedule
 
 from vaswani import VaswaniForCausalLM, VaswaniForConditionalGeneration, VaswaniForSequenceClassification
+from vaswani.cli import main as vaswani
 from vaswani.data import corpus_stories
+from vaswani.finetuning import finetune
+from vaswani.finetuning.data import label_mapping
 from vaswani.tokenization import corpus_tokenizer
 from vaswani.training import VaswaniTrainer, VaswaniTrainingArguments, get_paper_schedule
-
-finetune = load_script("finetune")
 
 # Flags every run shares (a test's own flags come after and win): CPU, quiet, no checkpoints, 32-token blocks.
 COMMON = "--use_cpu --disable_tqdm true --report_to none --max_length 32 --save_strategy no --logging_steps 1"
@@ -86,7 +87,7 @@ def test_causal_lm_finetune_lowers_eval_loss(workspace: Path, tmp_path: Path) ->
     flags += f" --validation_file {workspace / 'valid.txt'} --eval_on_start --eval_strategy no"
     flags += " --max_steps 30 --per_device_train_batch_size 8 --learning_rate 3e-3 --save_steps 15"
     flags += " --save_strategy steps --drop_last_block"  # equal blocks: the Trainer's mean loss is per token
-    results = finetune.main(finetune_argv(workspace, tmp_path, flags))
+    results = finetune(finetune_argv(workspace, tmp_path, flags))
     before, after = eval_losses(results)
     assert results["task"] == "causal-lm"
     assert after < before - 1.0, (before, after)
@@ -104,7 +105,7 @@ def test_sequence_classification_finetune_lowers_eval_loss(workspace: Path, tmp_
     flags = f"--model {workspace / 'encoder'} --train_file {workspace / 'train.jsonl'}"
     flags += f" --validation_file {workspace / 'valid.jsonl'} --eval_on_start --eval_strategy no"
     flags += " --max_steps 30 --per_device_train_batch_size 16 --learning_rate 3e-3"
-    results = finetune.main(finetune_argv(workspace, tmp_path, flags))
+    results = finetune(finetune_argv(workspace, tmp_path, flags))
     before, after = eval_losses(results)
     assert results["task"] == "sequence-classification"
     assert after < 0.5 * before, (before, after)
@@ -118,7 +119,7 @@ def test_seq2seq_finetune_lowers_eval_loss(workspace: Path, tmp_path: Path) -> N
     flags = f"--model {workspace / 'seq2seq'} --train_file {workspace / 'train.jsonl'}"
     flags += f" --validation_file {workspace / 'valid.jsonl'} --eval_on_start --eval_strategy no"
     flags += " --max_steps 30 --per_device_train_batch_size 16 --learning_rate 3e-3"
-    results = finetune.main(finetune_argv(workspace, tmp_path, flags))
+    results = finetune(finetune_argv(workspace, tmp_path, flags))
     before, after = eval_losses(results)
     assert results["task"] == "seq2seq"
     assert after < before - 1.0, (before, after)
@@ -136,7 +137,7 @@ def test_new_head_on_a_decoder_with_the_paper_recipe(workspace: Path, tmp_path: 
     flags += (
         " --per_device_train_batch_size 16 --lr_scheduler_type paper --warmup_steps 10 --label_smoothing_factor 0.1"
     )
-    results = finetune.main(finetune_argv(workspace, tmp_path, flags))
+    results = finetune(finetune_argv(workspace, tmp_path, flags))
     before, after = eval_losses(results)
     assert after < 0.5 * before, (before, after)
     evals = json.loads((tmp_path / "eval_results.json").read_text())
@@ -163,12 +164,12 @@ def test_resuming_from_a_checkpoint_continues_the_same_run(workspace: Path, tmp_
     flags = f"--model {workspace / 'decoder'} --train_file {workspace / 'train.txt'} --max_steps 6"
     flags += " --per_device_train_batch_size 8 --save_strategy steps --save_steps 3 --seed 7"
     flags += " --lr_scheduler_type paper --warmup_steps 4 --learning_rate 2 --label_smoothing_factor 0.1"
-    whole = finetune.main(finetune_argv(workspace, tmp_path / "whole", flags))
+    whole = finetune(finetune_argv(workspace, tmp_path / "whole", flags))
     checkpoint = tmp_path / "whole" / "checkpoint-3"
 
     recorder = RecordResumedState()
     resumed_flags = f"{flags} --resume_from_checkpoint {checkpoint}"
-    resumed = finetune.main(finetune_argv(workspace, tmp_path / "resumed", resumed_flags), callbacks=[recorder])
+    resumed = finetune(finetune_argv(workspace, tmp_path / "resumed", resumed_flags), callbacks=[recorder])
 
     assert recorder.global_step == 3
     saved = torch.load(checkpoint / "optimizer.pt", weights_only=True)
@@ -280,22 +281,24 @@ def test_label_smoothing_scores_a_causal_lm_against_the_next_token(workspace: Pa
 # ------------------------------------------------------------------------------------------------------ bad input
 
 
-def test_bad_input_is_named(workspace: Path, tmp_path: Path) -> None:
+def test_bad_input_is_named(workspace: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     base = f"--model {workspace / 'decoder'} --output_dir {tmp_path} --use_cpu"
     with pytest.raises(ValueError, match="Nothing to do"):
-        finetune.main(base.split())
+        finetune(base.split())
+    assert vaswani(["finetune", *base.split()]) == 2  # the command: the same message, no traceback
+    assert "error: Nothing to do" in capsys.readouterr().err
     (tmp_path / "data.parquet").write_bytes(b"")
     with pytest.raises(ValueError, match=r"\.jsonl, \.json, \.csv, \.txt"):
-        finetune.main([*base.split(), "--train_file", str(tmp_path / "data.parquet")])
+        finetune([*base.split(), "--train_file", str(tmp_path / "data.parquet")])
     with pytest.raises(ValueError, match="--task"):
-        finetune.main([*base.split(), "--train_file", str(workspace / "train.txt"), "--task", "translation"])
+        finetune([*base.split(), "--train_file", str(workspace / "train.txt"), "--task", "translation"])
     with pytest.raises(ValueError, match="no column 'label'"):
-        finetune.main(
+        finetune(
             [*base.split(), "--train_file", str(workspace / "train.txt"), "--task", "sequence-classification"]
             + ["--cache_dir", str(workspace / "cache")]
         )
     with pytest.raises(ValueError, match="no causal-lm form"):
-        finetune.main(
+        finetune(
             [*base.split(), "--model", str(workspace / "seq2seq"), "--task", "causal-lm"]
             + ["--train_file", str(workspace / "train.txt"), "--cache_dir", str(workspace / "cache")]
         )
@@ -303,14 +306,14 @@ def test_bad_input_is_named(workspace: Path, tmp_path: Path) -> None:
 
 def test_class_labels_map_onto_the_saved_head_when_they_fit() -> None:
     config = tiny_encoder_config(num_labels=3, id2label={0: "cat", 1: "dog", 2: "fox"})
-    assert finetune.label_mapping(config, [0, 2], is_classifier=True) == ({0: 0, 2: 2}, {})
-    assert finetune.label_mapping(config, [0, 4], is_classifier=True)[1] == {"num_labels": 5}
-    assert finetune.label_mapping(config, ["fox", "cat"], is_classifier=True) == ({"cat": 0, "dog": 1, "fox": 2}, {})
-    label2id, overrides = finetune.label_mapping(config, ["owl", "cat"], is_classifier=True)
+    assert label_mapping(config, [0, 2], is_classifier=True) == ({0: 0, 2: 2}, {})
+    assert label_mapping(config, [0, 4], is_classifier=True)[1] == {"num_labels": 5}
+    assert label_mapping(config, ["fox", "cat"], is_classifier=True) == ({"cat": 0, "dog": 1, "fox": 2}, {})
+    label2id, overrides = label_mapping(config, ["owl", "cat"], is_classifier=True)
     assert label2id == {"cat": 0, "owl": 1} and overrides["id2label"] == {0: "cat", 1: "owl"}
-    assert finetune.label_mapping(config, ["cat", "fox"], is_classifier=False)[1]["num_labels"] == 2
+    assert label_mapping(config, ["cat", "fox"], is_classifier=False)[1]["num_labels"] == 2
     with pytest.raises(ValueError, match="all integers or all strings"):
-        finetune.label_mapping(config, [1, "cat"], is_classifier=True)
+        label_mapping(config, [1, "cat"], is_classifier=True)
 
 
 @pytest.mark.parametrize("model_name", ["encoder", "seq2seq"])
@@ -320,7 +323,7 @@ def test_lora_fine_tunes_a_classifier_and_a_seq2seq_model(workspace: Path, tmp_p
     flags = f"--model {workspace / model_name} --train_file {workspace / 'train.jsonl'} --lora --merge"
     flags += f" --validation_file {workspace / 'valid.jsonl'} --eval_on_start --eval_strategy no --max_steps 20"
     flags += " --per_device_train_batch_size 16 --learning_rate 1e-2"
-    results = finetune.main(finetune_argv(workspace, tmp_path, flags))
+    results = finetune(finetune_argv(workspace, tmp_path, flags))
     before, after = eval_losses(results)
     assert after < before - 0.5, (before, after)
     adapter = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())

@@ -1,4 +1,4 @@
-"""LoRA, chat data, packing, data-sized blocks and training progress in `scripts/finetune.py` (and `vaswani.chat`).
+"""LoRA, chat data, packing, data-sized blocks and training progress in `vaswani finetune` (and `vaswani.chat`).
 
 Oracles: transformers' own assistant-token mask (`apply_chat_template(return_assistant_tokens_mask=True)`, from the
 template's `generation` block) for the chat labels; a padded evaluation for packing; PEFT's `PeftModel` (base +
@@ -14,15 +14,12 @@ import pytest
 import torch
 from peft import PeftModel
 from safetensors.torch import load_file
-from test_textbook_tasks import load_script
 from transformers import AutoTokenizer, TrainerCallback
 
 from vaswani import VaswaniDecoderConfig, VaswaniForCausalLM
 from vaswani.chat import IGNORE_INDEX, assistant_character_spans, chat_example, chat_tokenizer
-from vaswani.data import corpus_stories
-
-finetune = load_script("finetune")
-make_chat_model = load_script("make_chat_model")
+from vaswani.data import chat_demo, corpus_stories
+from vaswani.finetuning import finetune
 
 COMMON = "--use_cpu --disable_tqdm true --report_to none --save_strategy no --logging_steps 1 --seed 0"
 ADAPTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -42,8 +39,8 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
     VaswaniForCausalLM(config).save_pretrained(root / "chat")
     tokenizer.save_pretrained(root / "chat")
-    make_chat_model.write_conversations(root / "chats.jsonl", 24)
-    make_chat_model.write_conversations(root / "chats-valid.jsonl", 8, offset=24)
+    chat_demo.write_conversations(root / "chats.jsonl", 24)
+    chat_demo.write_conversations(root / "chats-valid.jsonl", 8, offset=24)
     (root / "small.txt").write_text("\n\n".join(corpus_stories()[:2]))  # about 1.5 KB
     (root / "tiny.txt").write_text("Once upon a time, there was a cat.\n\nThe end.")
     return root
@@ -51,7 +48,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run(workspace: Path, output_dir: Path, flags: str, callbacks: list | None = None) -> dict:
     argv = [*COMMON.split(), *flags.split(), "--output_dir", str(output_dir), "--cache_dir", str(workspace / "cache")]
-    return finetune.main(argv, callbacks=callbacks)
+    return finetune(argv, callbacks=callbacks)
 
 
 class Capture(TrainerCallback):

@@ -20,6 +20,11 @@ def test_saving_a_loss_curve_leaves_matplotlib_as_the_caller_set_it(tmp_path):
     had_pyplot = "matplotlib.pyplot" in sys.modules
     path = save_loss_curve(HISTORY, tmp_path / "loss.png")
     assert path is not None and path.read_bytes().startswith(b"\x89PNG")
+    # The examples' form: a chance line, a log axis and, since the evaluations carry an accuracy, a second panel.
+    with_accuracy = [*HISTORY[:2], {"step": 2, "eval_loss": 2.7, "eval_accuracy": 0.6}]
+    wide = save_loss_curve(with_accuracy, tmp_path / "wide.png", chance=1.1, log_scale=True, accuracy_target=0.99)
+    png_width = lambda png: int.from_bytes(png.read_bytes()[16:20], "big")  # noqa: E731  (the IHDR chunk's width)
+    assert png_width(wide) == png_width(path) * 10 // 7  # 10 inches for two panels, 7 for one
     assert matplotlib.get_backend() == backend
     assert ("matplotlib.pyplot" in sys.modules) == had_pyplot  # pyplot's global figure state was not used
 

@@ -1,4 +1,5 @@
-"""The `vaswani` command line: `vaswani convert` (checkpoints), `vaswani export` (ONNX), `vaswani serve` (HTTP).
+"""The `vaswani` command line: `vaswani convert` (checkpoints), `vaswani export` (ONNX), `vaswani serve` (HTTP),
+`vaswani finetune` (transformers' Trainer).
 
 `vaswani serve` is an OpenAI-compatible server with continuous batching (`vaswani.serving`).
 
@@ -10,6 +11,8 @@ Example:
     $ vaswani perplexity ./onnx-folder --text story.txt --context 512 --stride 256
     $ vaswani chat ./onnx-folder --prompt "Tell me a story."  # without --prompt: an interactive chat
     $ vaswani bench ./onnx-folder --batch-sizes 1 8 --json bench.json
+    $ vaswani finetune --model ./vaswani-folder --train_file train.txt --output_dir out --lora
+    $ torchrun --nproc_per_node 2 -m vaswani finetune ...  # or: accelerate launch ... -m vaswani finetune ...
 """
 
 import argparse
@@ -419,6 +422,17 @@ def _add_module_parser(subparsers: argparse._SubParsersAction, command: str, sel
     parser.set_defaults(run=module.run, parser=parser)
 
 
+def _add_finetune_parser(subparsers: argparse._SubParsersAction) -> None:
+    # Listed here for `vaswani --help` only: `main` hands `vaswani finetune ARGS` to the module's own parser
+    # (HfArgumentParser over the Trainer's flags), which `vaswani finetune --help` shows.
+    subparsers.add_parser(
+        "finetune",
+        help="fine-tune a model folder with transformers' Trainer (full or LoRA; text, chat, classification, "
+        "seq2seq; torchrun/accelerate launch -m vaswani finetune); needs pip install 'vaswani[train]'",
+        add_help=False,
+    )
+
+
 def _exit_now(code: int) -> NoReturn:
     """End the process without the interpreter's teardown.
 
@@ -475,6 +489,14 @@ def main(argv: list[str] | None = None) -> int:
         >>> main(["export", "--model", "llama-folder", "--output", "llama-onnx"])  # doctest: +SKIP
         0
     """
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if arguments[:1] == ["finetune"]:
+        try:  # torch, transformers and datasets load only for this command
+            from .finetuning import main as finetune_main
+        except ImportError as error:
+            print(f"error: {error}. Install the training dependencies: pip install 'vaswani[train]'", file=sys.stderr)
+            return 2
+        return finetune_main(arguments[1:])
     parser = argparse.ArgumentParser(prog="vaswani", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_convert_parser(subparsers)
@@ -484,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     for command in MODULE_COMMANDS:
         _add_module_parser(subparsers, command, selected=command in words[:1])
+    _add_finetune_parser(subparsers)
     args = parser.parse_args(argv)
     code = args.run(args)
     if argv is None and args.command == "export":

@@ -1,6 +1,6 @@
 """Writing output folders safely: build beside the target, move into place only when complete.
 
-Every command that writes a folder (`vaswani convert`, `vaswani export`, `scripts/finetune.py`) goes through here, so
+Every command that writes a folder (`vaswani convert`, `vaswani export`, `vaswani finetune`) goes through here, so
 a failure part-way never leaves a half-written folder and never deletes what the user had.
 
 Example:

@@ -256,16 +256,30 @@ def _perplexity(loss: float) -> float:
     return math.exp(loss) if loss < 700 else math.inf  # exp overflows a float past ~709
 
 
-def save_loss_curve(log_history: list[dict], path: str | Path, title: str = "fine-tuning") -> Path | None:
-    """Plot the train loss of every log and the eval losses of `log_history` (a Trainer's `state.log_history`) to a
-    PNG at `path`. Returns the path, or None (with nothing written) when there is no loss to plot or matplotlib is
-    not installed (`pip install vaswani[train]`).
+def save_loss_curve(
+    log_history: list[dict],
+    path: str | Path,
+    title: str = "fine-tuning",
+    *,
+    chance: float | None = None,
+    chance_label: str = "chance",
+    log_scale: bool = False,
+    accuracy_target: float | None = None,
+) -> Path | None:
+    """Plot the train loss of every log and the eval losses of `log_history` (a Trainer's `state.log_history`, or
+    any list of `{"step", "loss" | "eval_loss" [, "eval_accuracy"]}` dicts) to a PNG at `path`. Returns the path, or
+    None (with nothing written) when there is no loss to plot or matplotlib is not installed (`vaswani[train]`).
+
+    `chance` draws a dotted reference loss (e.g. ln(classes), a uniform guess), `log_scale` a logarithmic loss axis;
+    when the evaluations carry `eval_accuracy`, a second panel plots it, with `accuracy_target` as a dotted line.
 
     Example:
         >>> save_loss_curve(trainer.state.log_history, "out/model/loss_curve.png")  # doctest: +SKIP
+        >>> save_loss_curve(history, "loss.png", "3 classes", chance=math.log(3), log_scale=True)  # doctest: +SKIP
     """
     train = [(entry["step"], entry["loss"]) for entry in log_history if "loss" in entry]
     evals = [(entry["step"], entry["eval_loss"]) for entry in log_history if "eval_loss" in entry]
+    accuracies = [(entry["step"], entry["eval_accuracy"]) for entry in log_history if "eval_accuracy" in entry]
     if not train and not evals:
         return None
     try:
@@ -274,17 +288,33 @@ def save_loss_curve(log_history: list[dict], path: str | Path, title: str = "fin
         from matplotlib.figure import Figure
     except ImportError:
         return None
-    figure = Figure(figsize=(7, 4))
-    axes = figure.subplots()
+    figure = Figure(figsize=(10 if accuracies else 7, 4))
+    axes, *accuracy_axes = figure.subplots(1, 2 if accuracies else 1, squeeze=False)[0]
     if train:
         axes.plot(*zip(*train), label="train loss", linewidth=1, marker="." if len(train) < 30 else None)
     if evals:
         axes.plot(*zip(*evals), label="eval loss", color="C1", marker="o")
+    if chance is not None:
+        axes.axhline(chance, color="gray", linestyle=":", label=chance_label)
+    if log_scale:
+        axes.set_yscale("log")
     axes.set_xlabel("step")
     axes.set_ylabel("cross-entropy (nats/token)")
-    axes.set_title(title)
-    axes.grid(alpha=0.3)
+    axes.grid(alpha=0.3, which="both")
     axes.legend()
+    for accuracy_axis in accuracy_axes:
+        accuracy_axis.plot(*zip(*accuracies), "o-", color="C2", markersize=3, label="eval accuracy")
+        if accuracy_target is not None:
+            accuracy_axis.axhline(accuracy_target, color="gray", linestyle=":", label=f"target {accuracy_target:g}")
+        accuracy_axis.set_xlabel("step")
+        accuracy_axis.set_ylabel("eval accuracy")
+        accuracy_axis.set_ylim(0, 1.02)
+        accuracy_axis.grid(alpha=0.3)
+        accuracy_axis.legend(loc="lower right")
+    if accuracies:
+        figure.suptitle(title)
+    else:
+        axes.set_title(title)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     return Path(path)

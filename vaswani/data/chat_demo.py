@@ -1,4 +1,4 @@
-"""Build a small LLaMA chat checkpoint and a conversations file locally, to try the chat fine-tuning journey offline.
+"""The chat journey's demo: build a small LLaMA chat checkpoint and a conversations file locally, to try the chat fine-tuning journey offline.
 
 The checkpoint is a transformers `LlamaForCausalLM` with random weights and a byte-level BPE tokenizer trained on the
 packaged corpus, with ChatML special tokens and chat template (`vaswani.chat.chat_tokenizer`): the same folder layout
@@ -6,7 +6,7 @@ as a real chat model, so `vaswani convert` takes it. The conversations are JSON 
 turns each, made from the corpus stories: the user asks for a story, the assistant tells its beginning; the user asks
 how it ends, the assistant tells its last sentence.
 
-    python scripts/make_chat_model.py --output outputs/chat-llama --conversations outputs/chats.jsonl
+    python -m vaswani.data.chat_demo --output outputs/chat-llama --conversations outputs/chats.jsonl
 """
 
 import argparse
@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from vaswani.chat import chat_tokenizer
-from vaswani.data import corpus_stories
+from ..chat import chat_tokenizer
+from . import corpus_stories
 
 SYSTEM_PROMPT = "You tell short stories for children."
 
@@ -79,8 +79,9 @@ def write_conversations(path: str | Path, count: int, offset: int = 0) -> Path:
     return Path(path)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    """`python -m vaswani.data.chat_demo [--output DIR] [--conversations FILE] ...` (see `--help`)."""
+    parser = argparse.ArgumentParser(prog="python -m vaswani.data.chat_demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=Path("outputs/chat-llama"), help="the checkpoint folder")
     parser.add_argument("--conversations", type=Path, default=Path("outputs/chats.jsonl"), help="training file")
     parser.add_argument("--validation", type=Path, default=Path("outputs/chats-valid.jsonl"), help="held-out file")
@@ -88,7 +89,7 @@ def main() -> None:
     parser.add_argument("--vocab_size", type=int, default=1000)
     parser.add_argument("--hidden_size", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     build_chat_checkpoint(args.output, args.vocab_size, args.hidden_size, args.layers)
     write_conversations(args.conversations, args.count)
     write_conversations(args.validation, max(args.count // 5, 1), offset=args.count)
