@@ -16,11 +16,12 @@ STAMP := $(VENV)/.installed
 FLOOR_VENV := .venv-floor
 FLOOR_STAMP := $(FLOOR_VENV)/.installed
 
-.PHONY: help setup demo test setup-floor test-floor lint benchmark clean distclean
+.PHONY: help setup demo test test-slow setup-floor test-floor lint benchmark clean distclean
 
 help:
 	@echo "make demo       set up .venv if needed, then train, save, reload and sample a small model (about a minute)"
-	@echo "make test       set up .venv if needed, then run the test suite"
+	@echo "make test       set up .venv if needed, then run the test suite, less the tests marked slow"
+	@echo "make test-slow  only the tests marked slow (a Ray cluster, distributed runs, the deep real-model path)"
 	@echo "make test-floor the test suite on the declared floors of transformers, onnx, onnxruntime, ... (.venv-floor)"
 	@echo "make setup      create .venv and install PyTorch (CPU) and vaswani[$(EXTRAS)] in editable mode"
 	@echo "make lint       ruff check"
@@ -39,8 +40,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py $(ARGS)
 
+# The tests marked slow run in `make test-slow` (CI runs both); `make test ARGS="-m slow"` is the same selection.
+# A later -m in ARGS overrides the first.
 test: $(STAMP)
-	$(PY) -m pytest tests $(ARGS)
+	$(PY) -m pytest tests -m "not slow" $(ARGS)
+
+test-slow: $(STAMP)
+	$(PY) -m pytest tests -m slow $(ARGS)
 
 setup-floor: $(FLOOR_STAMP)
 
@@ -51,7 +57,7 @@ $(FLOOR_STAMP): pyproject.toml .ci/floor-constraints.txt
 	touch $(FLOOR_STAMP)
 
 test-floor: $(FLOOR_STAMP)
-	$(FLOOR_VENV)/bin/python -m pytest tests $(ARGS)
+	$(FLOOR_VENV)/bin/python -m pytest tests -m "not slow" $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
