@@ -20,11 +20,12 @@ DEMO_STAMP := $(VENV)/.installed-demo
 FLOOR_VENV := .venv-floor
 FLOOR_STAMP := $(FLOOR_VENV)/.installed
 
-.PHONY: help setup demo test setup-floor test-floor lint benchmark clean distclean
+.PHONY: help setup demo test test-slow setup-floor test-floor lint benchmark clean distclean
 
 help:
 	@echo "make demo       install vaswani[$(DEMO_EXTRAS)] in .venv if needed, then train, save, reload, export and sample a small model"
-	@echo "make test       set up .venv if needed, then run the test suite"
+	@echo "make test       set up .venv if needed, then run the test suite, less the tests marked slow"
+	@echo "make test-slow  only the tests marked slow (a Ray cluster, distributed runs, the deep real-model path)"
 	@echo "make test-floor the test suite on the declared floors of transformers, onnx, onnxruntime, ... (.venv-floor)"
 	@echo "make setup      create .venv and install PyTorch (CPU) and vaswani[$(EXTRAS)] in editable mode"
 	@echo "make lint       ruff check"
@@ -53,8 +54,13 @@ $(DEMO_STAMP): pyproject.toml
 demo: $(DEMO_STAMP)
 	$(PY) examples/demo.py $(ARGS)
 
+# The tests marked slow run in `make test-slow` (CI runs both); `make test ARGS="-m slow"` is the same selection.
+# A later -m in ARGS overrides the first.
 test: $(STAMP)
-	$(PY) -m pytest tests $(ARGS)
+	$(PY) -m pytest tests -m "not slow" $(ARGS)
+
+test-slow: $(STAMP)
+	$(PY) -m pytest tests -m slow $(ARGS)
 
 setup-floor: $(FLOOR_STAMP)
 
@@ -63,7 +69,7 @@ $(FLOOR_STAMP): pyproject.toml .ci/floor-constraints.txt
 	touch $(FLOOR_STAMP)
 
 test-floor: $(FLOOR_STAMP)
-	$(FLOOR_VENV)/bin/python -m pytest tests $(ARGS)
+	$(FLOOR_VENV)/bin/python -m pytest tests -m "not slow" $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -114,17 +114,30 @@ def test_tensor_parallel_model_computes_the_unsharded_logits(tmp_path):
             assert (actual[name]["logits"] - expected[name]).abs().max().item() <= TOLERANCE, (name, rank)
 
 
+def sharded_logits(folder: str) -> dict:
+    """One folder loaded with `tp_plan="auto"` on this rank: its tensor-parallel size and logits. The sharded model
+    is local, so it is freed on return."""
+    classes = {"vaswani_decoder": VaswaniForCausalLM, "vaswani_encoder": VaswaniForMaskedLM}
+    model_type = json.loads((Path(folder) / "config.json").read_text())["model_type"]
+    model_class = classes.get(model_type, VaswaniForConditionalGeneration)
+    model = model_class.from_pretrained(folder, tp_plan="auto", attn_implementation="sdpa").eval()
+    return {"tp_size": model.tp_size, "logits": forward_logits(model)}
+
+
 def worker(output_dir: str, folders: list[str]) -> None:
-    """Per rank: load every folder with `tp_plan="auto"` and save its logits."""
+    """Per rank: load every folder with `tp_plan="auto"` and save its logits.
+
+    Teardown order: the sharded models' parameters hold the device mesh and through it the gloo process group. The
+    last model used to live until interpreter exit, after `destroy_process_group`, so gloo objects were destroyed
+    during finalization - the likely source of a rank 1 abort seen once in CI ("terminate called without an active
+    exception", after the results were saved). So every model is freed and collected first, then both ranks meet at
+    a barrier, then the group goes."""
+    import gc
+
     import torch.distributed as dist
 
-    classes = {"vaswani_decoder": VaswaniForCausalLM, "vaswani_encoder": VaswaniForMaskedLM}
-    results = {}
-    for folder in folders:
-        model_type = json.loads((Path(folder) / "config.json").read_text())["model_type"]
-        model_class = classes.get(model_type, VaswaniForConditionalGeneration)
-        model = model_class.from_pretrained(folder, tp_plan="auto", attn_implementation="sdpa").eval()
-        results[Path(folder).name] = {"tp_size": model.tp_size, "logits": forward_logits(model)}
+    results = {Path(folder).name: sharded_logits(folder) for folder in folders}
+    gc.collect()
     Path(output_dir).mkdir(exist_ok=True)
     torch.save(results, Path(output_dir) / f"rank{dist.get_rank()}.pt")
     dist.barrier()

@@ -32,14 +32,14 @@ from vaswani.conversion.onnx.contract import positions_from_mask  # noqa: E402
 
 LAYERS = 4
 LLAMA_STYLE = {"norm_type": "rmsnorm", "gated_ffn": True, "hidden_act": "silu"}
-# case -> (position type, config overrides, export options): each position type at the CPU's default opset, and a
+# case -> (position type, config overrides, export options): each thing a position type shares with the blocks at
+# the CPU's default opset (rotary tables, an ALiBi bias, a T5 bucket bias, or nothing: "learned" stands for the
+# "sinusoidal" and "none" types too, whose blocks take the hidden state and mask alone, as its blocks do), and a
 # CUDA-style export (fp16, opset 20: attention as plain math) run on the CPU.
 DECODERS = {
     "rope": ("rope", dict(num_key_value_heads=2, **LLAMA_STYLE), {}),
     "alibi": ("alibi", dict(num_key_value_heads=1), {}),
     "learned": ("learned", dict(num_key_value_heads=4, norm_position="post"), {}),
-    "sinusoidal": ("sinusoidal", dict(num_key_value_heads=2), {}),
-    "none": ("none", dict(num_key_value_heads=1), {}),
     "relative_bias": ("relative_bias", dict(num_key_value_heads=2), {}),
     "rope-fp16-opset20": ("rope", dict(num_key_value_heads=2, **LLAMA_STYLE), dict(dtype="fp16", opset=20)),
 }

@@ -39,6 +39,10 @@ def worktree_env() -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
 
 
+# The tests that start a Ray cluster (about 45 s together on 2 cores): `make test-slow`, which CI runs.
+SLOW = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     tokenizer = tiny_chat_tokenizer()
@@ -84,6 +88,7 @@ def chat(url: str, model: str, api_key: str = "unused") -> str:
     return reply.choices[0].message.content
 
 
+@SLOW
 def test_two_ray_replicas_answer_the_openai_routes_like_one_server(ray_server):
     url, folder, expected = ray_server
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
@@ -104,6 +109,7 @@ def test_two_ray_replicas_answer_the_openai_routes_like_one_server(ray_server):
     assert len(replicas) == 2  # the router sends requests to both
 
 
+@SLOW
 def test_a_second_model_runs_beside_the_first_and_stopping_it_deletes_only_its_own_application(ray_server, cluster):
     """`vaswani serve --ray` joined to a cluster that already serves a model: its model gets an application and a
     route of its own (it used to take the fixed name "vaswani"), and SIGTERM deletes that application only (it used
@@ -137,6 +143,7 @@ def test_a_second_model_runs_beside_the_first_and_stopping_it_deletes_only_its_o
     assert chat(url, folder.name) == expected  # still serving
 
 
+@SLOW
 def test_the_replica_queue_limit_answers_429_through_ray(cluster, tiny):
     """Ray's router holds at most max_ongoing_requests per replica and queues the rest itself, where nobody answers
     429; it used to be max(16, max_batch + max_waiting), exactly the engine's capacity, so the 429 never came (the
