@@ -23,3 +23,32 @@ def test_a_results_page_names_an_existing_script_and_json_that_parses(page: Path
         path = page.parent / Path(name).name
         if path.is_file():
             json.loads(path.read_text())
+
+
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def heading_anchors(text: str) -> set[str]:
+    """GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    anchors = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", re.sub(r"```.*?```", "", text, flags=re.S), flags=re.M):
+        anchors.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return anchors
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=[str(path.relative_to(ROOT)) for path in DOCUMENTS])
+def test_every_relative_link_resolves(document: Path) -> None:
+    """Each relative link (and image) of README.md and docs/ names a file or folder that exists, and an anchor
+    (`page.md#section`) names a heading of that page."""
+    text = re.sub(r"```.*?```", "", document.read_text(), flags=re.S)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue  # http(s), mailto: not checked offline
+        path, _, anchor = target.partition("#")
+        resolved = (document.parent / path).resolve() if path else document
+        if not resolved.exists():
+            broken.append(target)
+        elif anchor and resolved.suffix == ".md" and anchor not in heading_anchors(resolved.read_text()):
+            broken.append(f"{target} (no such heading)")
+    assert not broken, f"{document.relative_to(ROOT)} links to what does not exist: {broken}"

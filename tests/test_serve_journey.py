@@ -36,13 +36,12 @@ from vaswani.cli import main as vaswani_cli  # noqa: E402
 from vaswani.conversion.onnx import OrtModelForCausalLM  # noqa: E402
 from vaswani.conversion.onnx.ort_llm import FORM_GQA  # noqa: E402
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "serving.md"  # the serve section moved here
 
 
 def serve_section() -> str:
     text = README.read_text()
-    start = text.index("\n## Serve")
-    return text[start : text.index("\n## ", start + 1)]
+    return text[: text.index("\n## Serving at scale with vLLM")]
 
 
 def code_blocks(section: str, language: str) -> list[str]:
