@@ -85,6 +85,7 @@ def single_process_weights(workspace: Path, tmp_path_factory: pytest.TempPathFac
 # ------------------------------------------------------------------------------------------------------------- DDP
 
 
+@pytest.mark.slow  # several processes, each importing torch and training
 def test_torchrun_ddp_ranks_agree_with_one_process(
     workspace: Path, tmp_path: Path, single_process_weights: dict[str, torch.Tensor]
 ) -> None:
@@ -99,6 +100,7 @@ def test_torchrun_ddp_ranks_agree_with_one_process(
     assert max_abs_diff(ranks[0], saved) == 0.0
 
 
+@pytest.mark.slow  # several processes, each importing torch and training
 def test_accelerate_launch_ddp_matches_one_process(
     workspace: Path, tmp_path: Path, single_process_weights: dict[str, torch.Tensor]
 ) -> None:
@@ -158,6 +160,7 @@ def train_steps(model: torch.nn.Module, batches: torch.Tensor) -> None:
         optimizer.zero_grad()
 
 
+@pytest.mark.slow  # several processes, each importing torch and training
 def test_fsdp2_per_block_sharding_on_gloo_matches_one_process(workspace: Path, tmp_path: Path) -> None:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={RANKS}"]
     run_launched([*torchrun, __file__, "fsdp2", str(workspace / "decoder"), str(tmp_path / "sharded.safetensors")])

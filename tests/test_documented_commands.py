@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import build_model, tiny_decoder_config, tiny_encoder_config, tiny_seq2seq_config
-from documented_commands import PAGES, ROOT, all_blocks, bash_blocks, python_blocks, write_data_files
+from documented_commands import PAGES, ROOT, all_blocks, bash_blocks, write_data_files
 from serving_cases import CONTEXT, free_port, self_signed_certificate, tiny_chat_tokenizer
 
 pytest.importorskip("onnxruntime")
@@ -181,7 +181,10 @@ def test_a_page_runs(page: Path, stock: Path, tmp_path: Path):
         (sandbox / folder).symlink_to(ROOT / folder)
     bin_folder = tmp_path / "bin"  # `python` is this interpreter; `vaswani`, torchrun, accelerate its venv's
     bin_folder.mkdir()
-    (bin_folder / "python").symlink_to(sys.executable)
+    # A wrapper, not a symlink: Python finds its venv next to the path it was started by, and a symlink elsewhere
+    # would start the base interpreter without the venv's packages.
+    (bin_folder / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bin_folder / "python").chmod(0o755)
     environment = dict(os.environ, PATH=f"{bin_folder}:{Path(sys.executable).parent}:{os.environ['PATH']}")
     environment.setdefault("PYTHONPATH", str(ROOT))
     environment.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", NO_PROXY="127.0.0.1")

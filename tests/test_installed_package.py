@@ -134,7 +134,7 @@ def test_vaswani_comes_from_the_wheel(installed, workspace) -> None:
 
 def test_every_command_runs_from_the_installed_package(installed, workspace) -> None:
     from vaswani.conversion import OrtModelForCausalLM
-    from vaswani.perplexity import perplexity
+    from vaswani.perplexity import folder_perplexity
 
     run = lambda *arguments: vaswani(installed, workspace, *arguments)  # noqa: E731
     run("convert", "--from", "llama", "--to", "chat-model")
@@ -157,7 +157,7 @@ def test_every_command_runs_from_the_installed_package(installed, workspace) -> 
     run("perplexity", "chat-onnx", "--text", "story.txt", "--json", "perplexity.json")
     measured = json.loads((workspace / "perplexity.json").read_text())
     assert measured["perplexity"] == pytest.approx(
-        perplexity(workspace / "chat-onnx", (workspace / "story.txt").read_text()).perplexity, rel=1e-6
+        folder_perplexity(workspace / "chat-onnx", (workspace / "story.txt").read_text()).perplexity, rel=1e-6
     )
 
     run("bench", "chat-onnx", "--batch-sizes", "1", "--prompt-tokens", "8", "--new-tokens", "4", "--rounds", "1",

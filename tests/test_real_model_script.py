@@ -58,6 +58,7 @@ def script_run(chat_checkpoint, tmp_path_factory):
     return output, rows
 
 
+@pytest.mark.slow  # the deep (24-layer) real-model path, kept deep
 def test_the_script_runs_the_whole_path_and_writes_its_table(script_run):
     output, rows = script_run
     systems = [row["system"] for row in rows]
@@ -74,6 +75,7 @@ def test_the_script_runs_the_whole_path_and_writes_its_table(script_run):
     assert table.count("\n| ") == len(rows) + 1 and "vaswani ONNX Runtime int8" in table
 
 
+@pytest.mark.slow  # the deep (24-layer) real-model path, kept deep
 def test_converted_and_exported_models_chat_with_pytorchs_tokens(script_run):
     output, _ = script_run
     script = load_script("real_model")

@@ -69,12 +69,14 @@ def test_pattern_classification_writes_model_figure_and_results(pattern_classifi
     assert model.config.classifier_pooling == "mean" and model.config.num_labels == 4
 
 
+@pytest.mark.slow  # 300 training steps: the loss oracle needs them
 def test_string_reversal_loss_falls_far_below_chance(string_reversal: tuple[dict, Path]) -> None:
     results, _ = string_reversal
     assert results["final_train_loss"] < 0.5 * math.log(len(results["vocab"])), results["final_train_loss"]
     assert [row["length"] for row in results["per_length"]] == [3, 5, 7, 10, 15]
 
 
+@pytest.mark.slow  # 300 training steps: the loss oracle needs them
 def test_string_reversal_writes_model_figures_and_results(string_reversal: tuple[dict, Path]) -> None:
     results, output_dir = string_reversal
     for figure in ("loss_curve.png", "cross_attention.png"):

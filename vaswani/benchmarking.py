@@ -281,15 +281,11 @@ def run(args: argparse.Namespace) -> int:
         args.parser.error(str(error))
     if args.threads is not None and args.threads < 1:
         args.parser.error("--threads must be at least 1")
-    from .loading import load_folder
+    from .loading import load_folder, set_command_threads
 
     try:
         loaded = load_folder(args.folder, args.device, args.threads, task="text-generation")
-        if args.threads and loaded.form == "pytorch":
-            import torch
-
-            # Asked for on the command line, and this process is the command's own: torch's pool is the user's.
-            torch.set_num_threads(args.threads)
+        set_command_threads(loaded.form, args.threads)
         result = bench_folder(
             loaded, args.batch_sizes, args.prompt_tokens, args.new_tokens, args.rounds, args.device, args.threads
         )

@@ -180,7 +180,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 def run(args: argparse.Namespace) -> int:
     """`vaswani chat`: 0 when the chat ended normally, 2 for a folder that cannot chat."""
     check_arguments(args.parser, args)
-    from .loading import load_folder
+    from .loading import load_folder, set_command_threads
 
     try:
         loaded = load_folder(args.folder, args.device, args.threads, task="text-generation")
@@ -190,11 +190,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     options = ChatOptions(args.max_new_tokens, args.temperature, args.top_p, args.top_k, args.seed)
-    if args.threads and loaded.form == "pytorch":
-        import torch
-
-        # Asked for on the command line, and this process is the command's own: PyTorch's pool is the user's to set.
-        torch.set_num_threads(args.threads)
+    set_command_threads(loaded.form, args.threads)
     if args.prompt is not None:
         messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": args.prompt})

@@ -350,10 +350,12 @@ def _run_serve(args: argparse.Namespace) -> int:
             return 0
         import uvicorn
 
+        from .loading import set_command_threads
         from .serving import create_app, load_service
 
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         service = load_service(args.folder, **options)
+        set_command_threads(args.backend, args.threads)
         app = create_app(service, **app_options)
     except ImportError as error:
         extra = "ray" if args.ray else "serve"

@@ -260,6 +260,8 @@ def folder_perplexity(
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run `vaswani perplexity` with parsed `args`; bad input exits through `parser.error` (status 2)."""
+    from .loading import set_command_threads
+
     text_path = Path(args.text)
     if not text_path.is_file():
         parser.error(f"--text {text_path}: no such file; pass a UTF-8 text file.")
@@ -272,8 +274,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error(f"--{flag.replace('_', '-')} must be a positive number, got {value}.")
     if args.context is not None and args.stride is not None and args.stride > args.context:
         parser.error(f"--stride {args.stride} is larger than --context {args.context}: it would skip tokens.")
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    set_command_threads("onnx" if (Path(args.folder) / "manifest.json").is_file() else "pytorch", args.threads)
     try:
         result = folder_perplexity(
             args.folder, text, args.context, args.stride, args.max_tokens, args.device, args.threads
