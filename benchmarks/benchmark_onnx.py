@@ -181,6 +181,7 @@ def demo_model(args: argparse.Namespace) -> Path:
 def heldout_windows(tokenizer, block_size: int, limit: int | None) -> torch.Tensor:
     """The demo's held-out token stream (the stories neither its tokenizer nor its model saw), in consecutive
     windows of `block_size` tokens, as the demo evaluates it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     from demo import load_data  # examples/demo.py: the same split and encoding
 
     retrained, _, heldout = load_data(len(tokenizer))

