@@ -51,6 +51,7 @@ NOT_RUN = {
     "time (vaswani convert --from /tmp/smol/hf": "needs SmolLM2 from PyPI",
     "python benchmarks/benchmark_onnx.py --markdown": "a 10-minute benchmark (its --quick form runs)",
     "python benchmarks/benchmark_onnx.py --sections gpu": "needs a GPU",
+    "python benchmarks/benchmark_onnx.py --quick": "scores the trained demo model (`make demo`) on the demo's own split",
     "python examples/demo.py": "a 60-second training run; `make demo` is the same script",
     "python examples/train_pattern_classification.py": "15 minutes; tests/test_textbook_tasks.py runs it shortened",
     "python examples/train_string_reversal.py": "4 minutes; tests/test_textbook_tasks.py runs it shortened",

@@ -1,5 +1,7 @@
-"""The `vaswani` command line: `vaswani convert` (checkpoints), `vaswani export` (ONNX), `vaswani serve` (HTTP),
-`vaswani finetune` (transformers' Trainer).
+"""The `vaswani` command line: convert checkpoints, export to ONNX, serve over HTTP, fine-tune, chat, perplexity, bench.
+
+`vaswani convert` (checkpoints), `vaswani export` (ONNX), `vaswani serve` (HTTP), `vaswani finetune` (transformers'
+Trainer), `vaswani chat`, `vaswani perplexity` and `vaswani bench` (any PyTorch or ONNX folder).
 
 `vaswani serve` is an OpenAI-compatible server with continuous batching (`vaswani.serving`).
 
