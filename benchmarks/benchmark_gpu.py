@@ -1,0 +1,343 @@
+"""The GPU path end to end on a SmolLM2-135M-shaped model: fp16 export for CUDA, greedy parity with PyTorch, and decode
+speed beside transformers' own model, each system timed by `vaswani bench` in a process of its own, alternating.
+
+    python benchmarks/benchmark_gpu.py --work /tmp/gpu-bench --json docs/results/benchmark_gpu.json \
+        --markdown docs/results/benchmark_gpu.md
+    python benchmarks/benchmark_gpu.py --render docs/results/benchmark_gpu.json --markdown docs/results/benchmark_gpu.md
+
+The model is transformers' `LlamaForCausalLM` with SmolLM2-135M-Instruct's configuration and seeded random weights
+drawn at each tensor's mean and standard deviation in the trained checkpoint (`shapes/smollm2-135m.json`): decode
+speed does not depend on the values, and the scales keep activations where a trained model has them. Quality is not
+measured here. The prompts are token ids of a small ChatML tokenizer built from the bundled stories.
+
+Systems (fp16 weights, greedy, `vaswani bench --batch-sizes 1 8`):
+- `vaswani-ort-cuda`: the `vaswani export --dtype fp16 --device cuda` folder on ONNX Runtime's CUDA provider, inputs,
+  outputs and the KV cache bound to device memory (IO binding);
+- `transformers-static`: `LlamaForCausalLM` generating with a static cache, which `generate` compiles on CUDA;
+- `transformers-dynamic`: the same model with the default dynamic cache (no compilation).
+The bound is the measured device-to-device copy bandwidth over the bytes of weights a decode step reads.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SHAPES = {"smollm2-135m": HERE / "shapes" / "smollm2-135m.json"}
+SYSTEMS = {
+    "vaswani-ort-cuda": "onnx-fp16",
+    "transformers-static": "llama-fp16-static",
+    "transformers-dynamic": "llama-fp16",
+}
+PARITY_TOKENS = 64
+CHAT_QUESTIONS = [
+    "Hi",
+    "Tell me a story about a cat.",
+    "Why is the sky blue?",
+    "What did the dog say to the bird when they met in the garden?",
+    "Count to ten.",
+    "Once upon a time there was a little girl. What happened next?",
+    "Hello!",
+    "a b c",
+]
+
+
+def make_llama_folders(work: Path, shape: str) -> None:
+    """`work/llama-fp16` (a transformers LlamaForCausalLM folder, fp16, random weights at trained scales, with a chat
+    tokenizer) and `work/llama-fp16-static` (the same weights; its generation config asks for a static cache)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from vaswani.chat import chat_tokenizer
+    from vaswani.data import corpus_stories
+
+    folder = work / "llama-fp16"
+    if (folder / "config.json").is_file():
+        return
+    recipe = json.loads(SHAPES[shape].read_text())
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**recipe["config"]))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():  # a tied LM head is the embedding, drawn once
+            mean, std = recipe["scales"][name]
+            parameter.normal_(mean, std)
+    model.generation_config.eos_token_id = None  # every benchmark row decodes its full count
+    model.to(torch.float16).save_pretrained(folder)
+    chat_tokenizer(corpus_stories()[:300], vocab_size=1000).save_pretrained(folder)
+    static = work / "llama-fp16-static"
+    shutil.copytree(folder, static, dirs_exist_ok=True)
+    generation = json.loads((static / "generation_config.json").read_text())
+    generation["cache_implementation"] = "static"
+    (static / "generation_config.json").write_text(json.dumps(generation, indent=2))
+
+
+def export(work: Path, device: str) -> dict:
+    """`vaswani export --dtype fp16 --device cuda` of the Llama folder: wall time and the manifest's validation."""
+    output = work / "onnx-fp16"
+    command = ["vaswani", "export", "--model", str(work / "llama-fp16"), "--output", str(output)]
+    command += ["--dtype", "fp16", "--device", device, "--overwrite"]
+    start = time.perf_counter()
+    log = run([sys.executable, "-m", "vaswani", *command[1:]])
+    seconds = time.perf_counter() - start
+    manifest = json.loads((output / "manifest.json").read_text())
+    return {"command": " ".join(command), "seconds": seconds, "validation": manifest.get("validation"), "log": log}
+
+
+def run(command: list[str]) -> str:
+    """Run `command`, echo and return its output; raise with the output's end if it fails."""
+    completed = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    output = completed.stdout + completed.stderr
+    print(output[-4000:], flush=True)
+    if completed.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({completed.returncode}):\n{output[-4000:]}")
+    return output
+
+
+def parity_child(work: Path, device: str) -> None:
+    """Greedy tokens of the fp16 export on ONNX Runtime's CUDA provider against transformers' fp16 model on CUDA, on
+    chat-templated prompts, one at a time and as one left-padded batch; prints JSON."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from vaswani.conversion.onnx import OrtModelForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(work / "llama-fp16")
+    tokenizer.padding_side = "left"
+    pytorch = LlamaForCausalLM.from_pretrained(work / "llama-fp16", dtype=torch.float16).to(device).eval()
+    ort = OrtModelForCausalLM.from_pretrained(work / "onnx-fp16", provider=device)
+    settings = dict(max_new_tokens=PARITY_TOKENS, min_new_tokens=PARITY_TOKENS, do_sample=False, pad_token_id=0)
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+        )
+        for question in CHAT_QUESTIONS
+    ]
+    report = {"new_tokens": PARITY_TOKENS, "rows": []}
+    for batch in [[prompt] for prompt in prompts] + [prompts]:
+        inputs = tokenizer(batch, return_tensors="pt", padding=True).to(device)
+        with torch.inference_mode():
+            expected = pytorch.generate(**inputs, **settings)[:, inputs["input_ids"].shape[1] :]
+            actual = ort.generate(**inputs, **settings)[:, inputs["input_ids"].shape[1] :].to(expected.device)
+        for row in range(len(batch)):
+            same = (expected[row] == actual[row]).tolist()
+            first_difference = same.index(False) if False in same else None
+            report["rows"].append({"batch": len(batch), "equal": first_difference is None, "first": first_difference})
+    report["equal_rows"] = sum(row["equal"] for row in report["rows"])
+    print("PARITY " + json.dumps(report))
+
+
+def machine(device: str) -> dict:
+    """The GPU, its driver, the CPU and the versions this run used."""
+    import torch
+    import transformers
+
+    info = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "no GPU (a CPU check run)",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+    }
+    try:
+        import onnxruntime
+
+        info["onnxruntime"] = f"{onnxruntime.__version__} ({', '.join(onnxruntime.get_available_providers())})"
+    except ImportError:
+        pass
+    try:
+        query = ["nvidia-smi", "--query-gpu=driver_version,memory.total", "--format=csv,noheader"]
+        info["driver, memory"] = subprocess.run(query, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pass
+    info["commit"] = subprocess.run(
+        ["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    return info
+
+
+def measure(
+    work: Path, device: str, rounds: int, batch_sizes: list[int], prompt_tokens: int, new_tokens: int, systems: dict
+) -> dict:
+    """`vaswani bench` of each system, in a process of its own, the systems alternating in each of `rounds`."""
+    results, failures = {name: [] for name in systems}, {}
+    for round_index in range(rounds):
+        for name, folder in systems.items():
+            output = work / f"bench-{name}-{round_index}.json"
+            command = [sys.executable, "-m", "vaswani", "bench", str(work / folder), "--device", device]
+            command += ["--batch-sizes", *map(str, batch_sizes), "--prompt-tokens", str(prompt_tokens)]
+            command += ["--new-tokens", str(new_tokens), "--rounds", "3", "--json", str(output)]
+            try:
+                run(command)
+            except RuntimeError as error:  # one system failing leaves the others' figures standing
+                failures.setdefault(name, str(error)[-2000:])
+                continue
+            results[name].append(json.loads(output.read_text()))
+    return {"results": results, "failures": failures}
+
+
+def summarize(runs: dict) -> list[dict]:
+    """One row per system and batch size: the best round's decode rate and its time to first token (the machine is
+    a lent one, so the best round is the least disturbed)."""
+    rows = []
+    for name, results in runs.items():
+        if not results:
+            continue
+        for index, first in enumerate(results[0]["rows"]):
+            best = max((result["rows"][index] for result in results), key=lambda row: row["decode_tokens_per_s"])
+            rows.append(
+                {
+                    "system": name,
+                    "batch_size": first["batch_size"],
+                    "time_to_first_token_ms": best["time_to_first_token_s"] * 1e3,
+                    "decode_tokens_per_s": best["decode_tokens_per_s"],
+                    "bound_fraction": best["bound_fraction"],
+                    "weight_bytes": results[0]["weight_bytes"],
+                    "bound_tokens_per_s": results[0]["bound_tokens_per_s"],
+                    "rounds": [result["rows"][index]["decode_tokens_per_s"] for result in results],
+                }
+            )
+    return rows
+
+
+def render(report: dict) -> str:
+    """The results page: the machine, the export, the parity check and the speed table with ratios."""
+    info = report["machine"]
+    lines = [
+        "# GPU: fp16 export on ONNX Runtime's CUDA provider beside transformers",
+        "",
+        f"Produced by `python benchmarks/benchmark_gpu.py` (raw results: `{report['json_name']}`), {info['date']}, "
+        f"on one {info['gpu']} ({info.get('driver, memory', '')}); torch {info['torch']} (CUDA {info['cuda']}), "
+        f"transformers {info['transformers']}, onnxruntime {info.get('onnxruntime', 'absent')}; commit "
+        f"{info['commit']}.",
+        "",
+        "SmolLM2-135M-Instruct's shape with seeded random weights at the trained tensors' scales (speed does not "
+        "depend on the values; quality is not measured here).",
+        "",
+    ]
+    exported = report.get("export")
+    if exported:
+        validation = exported["validation"] or {}
+        logits = [row for row in validation.get("rows", []) if row["output"] == "logits"]
+        worst = max(logits, key=lambda row: row["max_abs_diff"] / row["allowed"]) if logits else {}
+        lines += [
+            f"**Export.** `{exported['command']}`: {exported['seconds']:.0f} s; validated on "
+            f"{validation.get('provider')} against PyTorch on CUDA ({validation.get('tolerance_kind')} tolerance): "
+            f"passed {validation.get('passed')}; logits' largest difference {worst.get('max_abs_diff', float('nan')):.4g} "
+            f"where {worst.get('allowed', float('nan')):.4g} is allowed ({worst.get('case', '-')}).",
+            "",
+        ]
+    parity = report.get("parity")
+    if parity:
+        single = [row for row in parity["rows"] if row["batch"] == 1]
+        batched = [row for row in parity["rows"] if row["batch"] > 1]
+        lines += [
+            f"**Greedy parity** over {parity['new_tokens']} new tokens on chat-templated prompts, against "
+            f"transformers' fp16 `LlamaForCausalLM` on CUDA: {sum(r['equal'] for r in single)} of {len(single)} "
+            f"prompts alone and {sum(r['equal'] for r in batched)} of {len(batched)} rows of one left-padded batch "
+            f"give the same tokens (first differing step where not: "
+            f"{[r['first'] for r in parity['rows'] if not r['equal']] or 'none'}).",
+            "",
+        ]
+    rows = report.get("rows", [])
+    if rows:
+        settings = report["settings"]
+        baseline = {row["batch_size"]: row for row in rows if row["system"] == "transformers-static"}
+        lines += [
+            f"**Decode**, fp16, greedy, {settings['prompt_tokens']}-token prompts, {settings['new_tokens']} new tokens; "
+            f"best of {settings['rounds']} rounds (each system in a process of its own, alternating; per-round "
+            "figures in the JSON). The bound is the copy bandwidth over the weight bytes a step reads.",
+            "",
+            "| system | batch | time to first token | decode tokens/s | of the bound | vs transformers static |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for row in rows:
+            reference = baseline.get(row["batch_size"])
+            ratio = f"{row['decode_tokens_per_s'] / reference['decode_tokens_per_s']:.2f}x" if reference else "-"
+            lines.append(
+                f"| {row['system']} | {row['batch_size']} | {row['time_to_first_token_ms']:.1f} ms | "
+                f"{row['decode_tokens_per_s']:.0f} | {row['bound_fraction']:.1%} | {ratio} |"
+            )
+        lines.append("")
+    for name, error in report.get("failures", {}).items():
+        lines += [f"**{name} failed:**", "", "```", error.strip()[-1500:], "```", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/vaswani-gpu-bench"), help="folders are written here")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
+    parser.add_argument("--rounds", type=int, default=2, help="process rounds per system (2)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--json", type=Path, help="write the raw results here")
+    parser.add_argument("--markdown", type=Path, help="write the results page here")
+    parser.add_argument("--render", type=Path, metavar="JSON", help="only render the page from these raw results")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a quick check of this script")
+    parser.add_argument("--child", choices=["parity"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child == "parity":
+        parity_child(args.work, args.device)
+        return
+    if args.render:
+        report = json.loads(args.render.read_text())
+    else:
+        import torch
+
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise SystemExit("benchmark_gpu.py needs a CUDA GPU (torch.cuda.is_available() is False).")
+        args.work.mkdir(parents=True, exist_ok=True)
+        report = {
+            "machine": machine(args.device),
+            "shape": args.shape,
+            "json_name": args.json.name if args.json else "-",
+        }
+        report["settings"] = {
+            "rounds": args.rounds,
+            "batch_sizes": args.batch_sizes,
+            "prompt_tokens": args.prompt_tokens,
+            "new_tokens": args.new_tokens,
+        }
+        report["failures"] = {}
+
+        def save() -> None:  # after every stage: a run cut short keeps what it measured
+            if args.json:
+                args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+        make_llama_folders(args.work, args.shape)
+        systems = dict(SYSTEMS)
+        try:
+            report["export"] = export(args.work, args.device)
+            report["export"]["log"] = report["export"]["log"][-2000:]
+            save()
+            output = run(
+                [sys.executable, __file__, "--child", "parity", "--work", str(args.work), "--device", args.device]
+            )
+            report["parity"] = json.loads(output.split("PARITY ", 1)[1].splitlines()[0])
+        except RuntimeError as error:  # without an export, transformers' rows are still measured
+            report["failures"]["vaswani-ort-cuda"] = str(error)[-2000:]
+            if not (args.work / "onnx-fp16" / "manifest.json").is_file():
+                systems.pop("vaswani-ort-cuda")
+        save()
+        runs = measure(
+            args.work, args.device, args.rounds, args.batch_sizes, args.prompt_tokens, args.new_tokens, systems
+        )
+        report["runs"] = runs["results"]
+        report["failures"].update(runs["failures"])
+        report["rows"] = summarize(runs["results"])
+        save()
+    page = render(report)
+    print(page)
+    if args.markdown:
+        args.markdown.write_text(page)
+
+
+if __name__ == "__main__":
+    main()
