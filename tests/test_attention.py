@@ -126,6 +126,24 @@ def test_registered_attention_function_is_called_and_matches_sdpa():
 
 
 @pytest.mark.parametrize("position_embedding_type", ["alibi", "relative_bias"])
+def test_a_half_precision_backend_receives_the_bias_in_the_queries_dtype(position_embedding_type):
+    """ALiBi's bias is computed in float32; handed to SDPA beside bf16 queries on CUDA it attended wrongly (logits 10
+    off on an H200, tests/test_cuda.py), so every backend but eager gets it in the queries' dtype."""
+    seen = []
+
+    def recording_sdpa(module, query, key, value, attention_mask, position_bias=None, **kwargs):
+        seen.append((query.dtype, position_bias.dtype))
+        return sdpa_attention_forward(module, query, key, value, attention_mask, position_bias=position_bias, **kwargs)
+
+    AttentionInterface.register("recording_sdpa", recording_sdpa)
+    AttentionMaskInterface.register("recording_sdpa", sdpa_mask)
+    model = with_attention_backend(gqa_model(position_embedding_type), "recording_sdpa").to(torch.bfloat16)
+    with torch.no_grad():
+        model(random_ids(2, LENGTH), attention_mask=padding_mask([LENGTH, 6], LENGTH, "left"))
+    assert seen and set(seen) == {(torch.bfloat16, torch.bfloat16)}
+
+
+@pytest.mark.parametrize("position_embedding_type", ["alibi", "relative_bias"])
 def test_flash_attention_refuses_score_bias_positions(position_embedding_type):
     model = gqa_model(position_embedding_type)
     # Set directly: loading with flash_attention_2 would already fail on a machine without the flash-attn package.

@@ -136,6 +136,21 @@ def test_unavailable_providers_are_refused(exports):
             OrtModelForCausalLM.from_pretrained(folder, provider="cuda")
 
 
+def test_cuda_sessions_compute_float32_as_torch_does():
+    """ONNX Runtime's CUDA provider multiplies float32 on TF32 tensor cores by default; an fp32 export then differed
+    from PyTorch by 3e-3 on an H200 and failed validation. Sessions follow torch's own TF32 setting."""
+    from vaswani.conversion.onnx.session import cuda_provider_options
+
+    matmul, allowed = torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32
+    try:
+        matmul.allow_tf32 = False
+        assert cuda_provider_options() == {"use_tf32": "0"}
+        matmul.allow_tf32 = True
+        assert cuda_provider_options() == {"use_tf32": "1"}
+    finally:
+        matmul.allow_tf32 = allowed
+
+
 BAD_DECODER_INPUTS = {
     "float-ids": (dict(input_ids=torch.rand(2, 4)), TypeError, "input_ids must have dtype int64"),
     "1d-ids": (dict(input_ids=torch.tensor([3, 4, 5])), ValueError, "input_ids must have 2 dimensions"),

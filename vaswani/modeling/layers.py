@@ -476,7 +476,7 @@ class VaswaniAttention(nn.Module):
                     cache.is_updated[self.layer_idx] = True
 
         if position_bias is not None:
-            kwargs["position_bias"] = _match_bias_to_backend(position_bias, query.shape[0], self.config)
+            kwargs["position_bias"] = _match_bias_to_backend(position_bias, query, self.config)
         # Continuous batching passes its own `is_causal` (False: its mask already says what may be attended).
         kwargs.setdefault("is_causal", self.is_causal)
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -496,10 +496,15 @@ class VaswaniAttention(nn.Module):
         return output, weights
 
 
-def _match_bias_to_backend(position_bias: torch.Tensor, batch_size: int, config: VaswaniConfig) -> torch.Tensor:
+def _match_bias_to_backend(position_bias: torch.Tensor, query: torch.Tensor, config: VaswaniConfig) -> torch.Tensor:
+    """The bias as a backend takes it: in the queries' dtype (ALiBi's is computed in float32), as transformers' own
+    models hand it over; eager alone adds it as it is, to scores it then softmaxes in float32. SDPA on CUDA with a
+    float32 bias beside bf16 queries attended wrongly (logits 10 off where eager's bf16 error was 0.4, H200)."""
     # flex_attention's score_mod indexes the bias by batch, so a batch-broadcast bias must be expanded (a view).
     if config._attn_implementation == "flex_attention":
-        return position_bias.expand(batch_size, -1, -1, -1)
+        position_bias = position_bias.expand(query.shape[0], -1, -1, -1)
+    if config._attn_implementation != "eager":
+        position_bias = position_bias.to(query.dtype)
     return position_bias
 
 

@@ -34,7 +34,7 @@ from transformers.utils import ModelOutput
 
 from ...modeling.configuration import CONFIG_CLASSES
 from .contract import DTYPES, load_manifest
-from .session import OrtGraph, default_session_options, resolve_provider
+from .session import OrtGraph, cuda_provider_options, default_session_options, resolve_provider
 
 
 def read_config(folder: Path) -> PreTrainedConfig:
@@ -109,6 +109,8 @@ class OrtModel:
         if provider == "CUDAExecutionProvider":
             device = torch.device("cuda", int(options.get("device_id", 0)))
             options.setdefault("device_id", device.index)
+            for key, value in cuda_provider_options().items():
+                options.setdefault(key, value)
             if torch.cuda.is_available():
                 # ONNX Runtime computes on torch's current stream, so the inputs torch writes are ready when ORT
                 # reads them and its outputs are ready when torch reads them, without synchronizing the device.

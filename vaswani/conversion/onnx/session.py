@@ -40,6 +40,13 @@ def default_session_options(num_threads: int | None = None, spinning: bool = Tru
     return options
 
 
+def cuda_provider_options() -> dict[str, str]:
+    """ONNX Runtime CUDA provider options that compute as PyTorch does: float32 matrix products on TF32 tensor cores
+    only where torch allows them (`torch.backends.cuda.matmul.allow_tf32`, off by default). The provider's own default
+    is TF32 on Ampere and later, whose 10-bit mantissa put an fp32 export's logits 3e-3 from PyTorch's (H200)."""
+    return {"use_tf32": "1" if torch.backends.cuda.matmul.allow_tf32 else "0"}
+
+
 def resolve_provider(provider: str) -> str:
     provider = PROVIDERS.get(provider, provider)
     if provider not in PROVIDERS.values():

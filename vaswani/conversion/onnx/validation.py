@@ -16,7 +16,7 @@ from transformers.cache_utils import Cache
 from ...modeling import cache_of
 from .contract import DTYPES, PAST_PLUS_SEQUENCE, load_manifest, padded_mask, positions_from_mask
 from .gqa_runtime import GqaValidationRunner, is_gqa_form
-from .session import PROVIDERS
+from .session import PROVIDERS, cuda_provider_options
 from .tasks import cast_model, task_model
 
 # Default validation tolerances, each relative to the output's scale (its largest absolute reference value, at least
@@ -344,7 +344,10 @@ class _GraphRunner:
         options = ort.SessionOptions()
         options.intra_op_num_threads = torch.get_num_threads()
         options.log_severity_level = 3
-        self.session = ort.InferenceSession(str(folder / self.graph["file"]), options, providers=[provider])
+        provider_options = cuda_provider_options() if provider == PROVIDERS["cuda"] else {}
+        self.session = ort.InferenceSession(
+            str(folder / self.graph["file"]), options, providers=[(provider, provider_options)]
+        )
         self.input_names = [spec["name"] for spec in self.graph["inputs"]]
         self.inputs = {spec["name"]: spec for spec in self.graph["inputs"]}
 
