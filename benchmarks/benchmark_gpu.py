@@ -303,6 +303,13 @@ def render(report: dict) -> str:
                 f"{row['decode_tokens_per_s']:.0f} | {row['bound_fraction']:.1%} | {ratio} |"
             )
         lines.append("")
+    first_run = report.get("first_run")
+    if first_run:
+        lines += [
+            f"An earlier run (commit {first_run['commit']}, {first_run['settings']['new_tokens']} new tokens): "
+            f"{first_run['note']}: `{first_run['log']}`.",
+            "",
+        ]
     for name, error in report.get("failures", {}).items():
         lines += [f"**{name} failed:**", "", "```", error.strip()[-1500:], "```", ""]
     return "\n".join(lines)
