@@ -108,20 +108,29 @@ def test_a_deep_model_at_trained_scales_exports_with_default_options(deep_export
     assert result.validation.passed and logits.max_abs_diff > 0  # ONNX Runtime really ran, and rounds differently
 
 
-def test_one_corrupted_weight_in_the_deep_model_fails_validation(deep_export, tmp_path):
-    """One element of one weight matrix, in a middle layer, off by a typical weight's size."""
-    model, result = deep_export
-    folder = tmp_path / "corrupted"
-    shutil.copytree(result.folder, folder)
-    graph = onnx.load(str(folder / "model.onnx"), load_external_data=True)
+def corrupted_copy(folder: Path, copy: Path, corrupt) -> Path:
+    """A copy of an exported `folder` whose middle weight matrix `corrupt` (a function of its array) changed in place."""
+    shutil.copytree(folder, copy)
+    graph = onnx.load(str(copy / "model.onnx"), load_external_data=True)
     matrices = [tensor for tensor in graph.graph.initializer if len(tensor.dims) == 2]
     weight = matrices[len(matrices) // 2]
     array = onnx.numpy_helper.to_array(weight).copy()
-    array.flat[0] += DEEP["initializer_range"]
+    corrupt(array)
     weight.CopyFrom(onnx.numpy_helper.from_array(array, name=weight.name))
-    for stale in folder.glob("model.onnx*"):
+    for stale in copy.glob("model.onnx*"):
         stale.unlink()
-    save_graph(graph, folder / "model.onnx")
+    save_graph(graph, copy / "model.onnx")
+    return copy
+
+
+def test_one_corrupted_weight_in_the_deep_model_fails_validation(deep_export, tmp_path):
+    """One element of one weight matrix, in a middle layer, off by a typical weight's size."""
+    model, result = deep_export
+
+    def nudge(array: np.ndarray) -> None:
+        array.flat[0] += DEEP["initializer_range"]
+
+    folder = corrupted_copy(result.folder, tmp_path / "corrupted", nudge)
     with pytest.raises(OnnxValidationError, match="does not match PyTorch"):
         validate_onnx_export(folder, model)
 
@@ -166,17 +175,10 @@ def test_a_corrupted_fp16_graph_still_fails_validation(smollm2_scaled_fp16, tmp_
 
     from vaswani.conversion.checkpoints import from_transformers
 
-    folder = tmp_path / "corrupted"
-    shutil.copytree(smollm2_scaled_fp16.folder, folder)
-    graph = onnx.load(str(folder / "model.onnx"), load_external_data=True)
-    matrices = [tensor for tensor in graph.graph.initializer if len(tensor.dims) == 2]
-    weight = matrices[len(matrices) // 2]
-    array = onnx.numpy_helper.to_array(weight).copy()
-    array[0] = -array[0]
-    weight.CopyFrom(onnx.numpy_helper.from_array(array, name=weight.name))
-    for stale in folder.glob("model.onnx*"):
-        stale.unlink()
-    save_graph(graph, folder / "model.onnx")
+    def negate_a_row(array: np.ndarray) -> None:
+        array[0] = -array[0]
+
+    folder = corrupted_copy(smollm2_scaled_fp16.folder, tmp_path / "corrupted", negate_a_row)
     model = LlamaForCausalLM.from_pretrained(smollm2_scaled_fp16.folder.parent / "llama")
     with pytest.raises(OnnxValidationError, match="does not match PyTorch") as failure:
         validate_onnx_export(folder, from_transformers(model))
