@@ -171,3 +171,51 @@ def test_every_relative_link_resolves(document: Path) -> None:
         elif anchor and resolved.suffix == ".md" and anchor not in heading_anchors(resolved.read_text()):
             broken.append(f"{target} (no such heading)")
     assert not broken, f"{document.relative_to(ROOT)} links to what does not exist: {broken}"
+
+
+def test_a_scripts_markdown_report_becomes_results_that_render_it_again(tmp_path):
+    """`publish_report` (the scripts' --json): the report's tables, with the heading above each and the paragraphs
+    between them, land in the JSON and come back in the page in the same order, cell for cell."""
+    from results import publish_report
+
+    report = "\n".join(
+        [
+            "# Build time",
+            "",
+            "Seconds, wall clock.",
+            "",
+            "**fp32**",
+            "",
+            "| way | seconds |",
+            "|---|---|",
+            "| one process | 14.3 |",
+            "",
+            "- a note between the tables",
+            "",
+            "## int8",
+            "",
+            "| way | seconds |",
+            "|---|---|",
+            "| one process | 20.2 |",
+            "",
+            "Load average 1.1.",
+        ]
+    )
+    page = publish_report(report, tmp_path / "build.json", tmp_path / "build.md", {"fp32": [14.3]}, threads=2)
+    results = json.loads((tmp_path / "build.json").read_text())
+    assert results["title"] == "Build time" and results["raw"] == {"fp32": [14.3]}
+    assert [(table["heading"], table["rows"]) for table in results["tables"]] == [
+        ("fp32", [["one process", "14.3"]]),
+        ("int8", [["one process", "20.2"]]),
+    ]
+    order = [
+        "Seconds, wall clock.",
+        "**fp32**",
+        "| one process | 14.3 |",
+        "- a note between",
+        "**int8**",
+        "| one process | 20.2 |",
+        "Load average 1.1.",
+    ]
+    positions = [page.index(text) for text in order]
+    assert positions == sorted(positions) and (tmp_path / "build.md").read_text() == page
