@@ -21,9 +21,6 @@ TABLE_ROW = re.compile(r"^\|.*\|[ \t]*$", flags=re.M)
 # Pages whose raw results are the CSV files their study writes (one row per seed, model and length), beside the page:
 # each of the page's tables must be one the study computes from them.
 CSV_SOURCED = {"extrapolation.md": "examples/extrapolation_study.py"}
-# Pages whose script renders its own page from the JSON it writes (not yet through benchmarks/results.py): the JSON
-# must still be beside the page and parse, and the script must name it.
-OWN_RENDERER = {"benchmark_serve_mixed_cpu.md": "benchmarks/benchmark_serve_mixed.py"}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
@@ -58,9 +55,6 @@ def test_a_results_pages_tables_are_rendered_from_the_json_beside_it(page: Path)
         f"--json docs/results/{results_file.name} (benchmarks/results.py renders the page from it)"
     )
     results = json.loads(results_file.read_text())
-    if page.name in OWN_RENDERER:
-        assert results_file.name in (ROOT / OWN_RENDERER[page.name]).read_text() or results_file.name in text
-        return
     rendered = rendered_part(text)
     assert rendered, f"{page.name} has a table outside a part rendered from {results_file.name} (no end marker)"
     assert rendered == render(results, results_file.name), (
