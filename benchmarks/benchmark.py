@@ -7,19 +7,25 @@ vaswani is faster).
 
     python benchmarks/benchmark.py                               # all families, 2 CPU threads, fp32
     python benchmarks/benchmark.py --family decoder --markdown benchmark.md
+    python benchmarks/benchmark.py --batch 2 --seq 128 --new-tokens 32 --repeats 5 \
+        --json docs/results/benchmark_cpu.json --markdown docs/results/benchmark_cpu.md  # the published page
     python benchmarks/benchmark.py --device cuda --dtype bfloat16 --static-cache  # GPU, compiled static cache
 
-Shapes (../shared/REFERENCE.md): LLaMA-shaped decoder (21.8M parameters) vs `LlamaForCausalLM`; BART-shaped
+With `--json`, the raw medians and the tables go to that file and `--markdown` is rendered from it
+(benchmarks/results.py). Shapes: LLaMA-shaped decoder (21.8M parameters) vs `LlamaForCausalLM`; BART-shaped
 encoder-decoder (49.3M) vs `BartForConditionalGeneration`; a 4-layer BERT-base-wide encoder vs `BertModel`.
 """
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
+from results import machine, table, write  # benchmarks/results.py
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -237,17 +243,23 @@ def bench_encoder(args: argparse.Namespace, generator: torch.Generator) -> tuple
 FAMILIES = {"decoder": bench_decoder, "seq2seq": bench_seq2seq, "encoder": bench_encoder}
 
 
-def markdown_table(title: str, rows: list[Row]) -> str:
-    lines = [f"**{title}**", "", "| figure | transformers | vaswani | vaswani / transformers |", "|---|---|---|---|"]
+COLUMNS = ["figure", "transformers", "vaswani", "vaswani / transformers"]
+
+
+def table_rows(rows: list[Row]) -> list[list[str]]:
+    cells = []
     for row in rows:
         ratio = row.vaswani_seconds / row.reference_seconds
-        lines.append(f"| {row.label} (ms) | {row.reference_seconds * 1e3:.1f} | {row.vaswani_seconds * 1e3:.1f} | {ratio:.3f} |")
+        reference, ours = row.reference_seconds, row.vaswani_seconds
+        cells.append([f"{row.label} (ms)", f"{reference * 1e3:.1f}", f"{ours * 1e3:.1f}", f"{ratio:.3f}"])
         if row.tokens:
-            lines.append(
-                f"| {row.label} (tokens/s) | {row.tokens / row.reference_seconds:.1f} | "
-                f"{row.tokens / row.vaswani_seconds:.1f} | |"
-            )
-    return "\n".join(lines)
+            cells.append([f"{row.label} (tokens/s)", f"{row.tokens / reference:.1f}", f"{row.tokens / ours:.1f}", ""])
+    return cells
+
+
+def markdown_table(title: str, rows: list[Row]) -> str:
+    lines = [f"**{title}**", "", "| " + " | ".join(COLUMNS) + " |", "|---|---|---|---|"]
+    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)])
 
 
 def main() -> None:
@@ -263,7 +275,8 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--static-cache", action="store_true", help="generate with a static cache (compiled on GPU)")
-    parser.add_argument("--markdown", help="also write the tables to this file")
+    parser.add_argument("--markdown", help="also write the tables to this file (rendered from --json when given)")
+    parser.add_argument("--json", type=Path, help="write the raw medians and the tables to this JSON file")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -272,13 +285,29 @@ def main() -> None:
         f"{args.device} {args.dtype}, {args.threads} threads, attn={args.attn}"
         f"{', static cache' if args.static_cache else ''}, torch {torch.__version__}; medians of {args.repeats}"
     )
-    tables = [header]
+    tables, families = [header], []
     for name in FAMILIES if args.family == "all" else [args.family]:
         print(f"{name}:", flush=True)
-        tables.append(markdown_table(*FAMILIES[name](args, generator)))
+        title, rows = FAMILIES[name](args, generator)
+        tables.append(markdown_table(title, rows))
+        families.append((title, rows))
     report = "\n\n".join(tables)
     print("\n" + report)
-    if args.markdown:
+    if args.json:
+        command = "python benchmarks/benchmark.py " + " ".join(sys.argv[1:])
+        results = {
+            "title": "vaswani against transformers' own models, side by side",
+            "command": command,
+            "machine": machine(args.threads if args.device == "cpu" else None),
+            "notes": [
+                header + ". Each pair (same weights, same attention backend) is timed alternately in one process, "
+                "so drift hits both; below 1.0, vaswani is faster."
+            ],
+            "tables": [table(title, COLUMNS, table_rows(rows)) for title, rows in families],
+            "raw": {title: [asdict(row) for row in rows] for title, rows in families},
+        }
+        write(results, args.json, args.markdown)
+    elif args.markdown:
         with open(args.markdown, "w") as handle:
             handle.write(report + "\n")
 

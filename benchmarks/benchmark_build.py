@@ -123,6 +123,9 @@ def main() -> None:
         "--work-dir", type=Path, default=REPO / "outputs" / "build-bench", help="where the builds go, one at a time"
     )
     parser.add_argument("--markdown", type=Path, help="also write the table here")
+    parser.add_argument(
+        "--json", type=Path, help="write the raw results and the tables here; --markdown is then rendered from it"
+    )
     args = parser.parse_args()
     if not (args.hf / "config.json").is_file():
         parser.error(f"{args.hf} is not a transformers model folder (no config.json); pass --hf.")
@@ -147,7 +150,12 @@ def main() -> None:
             remove_builds(work)
     table = render(args.hf, args.rounds, runs, identical, (load_before[0], os.getloadavg()[0]))
     print(table)
-    if args.markdown:
+    if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from results import publish_report
+
+        publish_report(table, args.json, args.markdown, {"runs": runs, "graphs_identical": identical}, None)
+    elif args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(table + "\n")
 

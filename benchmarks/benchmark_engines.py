@@ -554,6 +554,7 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="build every export and conversion again")
     parser.add_argument("--quick", action="store_true", help="8 tokens, batch 1, 64-token prefill, 1 round")
     parser.add_argument("--markdown", type=Path, help="also write the tables here (after every round)")
+    parser.add_argument("--json", type=Path, help="raw results and tables as JSON; the page is rendered from it")
     parser.add_argument("--from-results", action="store_true", help="re-render --work-dir/results.json, run nothing")
     parser.add_argument("--worker-timeout", type=float, default=900, help="seconds before a system's run is dropped")
     args = parser.parse_args()
@@ -690,6 +691,12 @@ def write_report(results, builds, bandwidths, fp32_bytes, args, tokenizer, skipp
         args.markdown.write_text(table + "\n")
     raw = {"bandwidths": bandwidths, "fp32_bytes": fp32_bytes, "builds": builds, "results": results}
     (args.work_dir / "results.json").write_text(json.dumps(raw, default=str))
+    if final:
+        if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from results import publish_report
+
+            publish_report(table, args.json, args.markdown, json.loads(json.dumps(raw, default=str)), args.threads)
 
 
 if __name__ == "__main__":

@@ -181,6 +181,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds; the table shows medians")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/benchmark_export"))
     parser.add_argument("--markdown", type=Path, help="also write the table here")
+    parser.add_argument("--json", type=Path, help="raw results and tables as JSON; the page is rendered from it")
     parser.add_argument(
         "--render-log",
         type=Path,
@@ -253,7 +254,12 @@ def main() -> None:
     load_after = os.getloadavg()
     table = render(rows, convert, load_before, load_after, args.rounds)
     print(table)
-    if args.markdown:
+    if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from results import publish_report
+
+        publish_report(table, args.json, args.markdown, {"rows": rows, "convert": convert}, None)
+    elif args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(table + "\n")
         (args.markdown.with_suffix(".json")).write_text(json.dumps({"rows": rows, "convert": convert}, indent=1) + "\n")

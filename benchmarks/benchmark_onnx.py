@@ -337,6 +337,7 @@ def main() -> None:
     parser.add_argument("--demo-model", type=Path, default=Path("outputs/demo-model"), help="examples/demo.py output")
     parser.add_argument("--train-demo", action="store_true", help="train the demo model if --demo-model is empty")
     parser.add_argument("--markdown", help="also write the tables to this file")
+    parser.add_argument("--json", type=Path, help="raw results and tables as JSON; the page is rendered from it")
     args = parser.parse_args()
     sections = args.sections.split(",")
     if unknown := set(sections) - set(SECTIONS):
@@ -361,7 +362,12 @@ def main() -> None:
         tables.append(BENCHES[name](models, args))
     report = "\n\n".join(tables)
     print("\n" + report)
-    if args.markdown:
+    if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from results import publish_report
+
+        publish_report(report, args.json, args.markdown, {"sections": sections, "tables": tables[1:]}, args.threads)
+    elif args.markdown:
         Path(args.markdown).write_text(report + "\n")
 
 

@@ -292,6 +292,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prefill-chunk", type=int, default=32)
     parser.add_argument("--markdown", help="write the table here")
+    parser.add_argument("--json", type=Path, help="raw results and tables as JSON; the page is rendered from it")
     parser.add_argument("--offline-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.offline_worker:
@@ -304,6 +305,11 @@ def main() -> None:
         if args.markdown:
             Path(args.markdown).write_text(text)
     print(text)
+    if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from results import publish_report
+
+        publish_report(text, args.json, args.markdown, json.loads(json.dumps(results, default=str)), args.threads)
 
 
 if __name__ == "__main__":

@@ -409,6 +409,25 @@ def report(results: dict, args, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def publish(results: dict, args, command: str) -> None:
+    """--json with --markdown: the page rendered from the JSON (benchmarks/results.py), tables beside `meta`, `runs`."""
+    from results import CPU_FLAGS, from_markdown, write
+    meta, found = results["meta"], results["meta"]["machine"]
+    page = {**from_markdown(report(results, args, command), None, args.threads), "command": command}
+    page["machine"] = {
+        "cpu": {"model": found.get("cpu", "?"), "flags": {flag: flag in found.get("flags", []) for flag in CPU_FLAGS}},
+        "cores": found["cores"], "threads": args.threads, "shared": False, "date": meta["date"],
+        "versions": meta["versions"],
+    }  # fmt: skip  (the report states the load; its "Produced by" is the header's "Made by" now)
+    first = page["tables"][0]
+    first["text"] = [
+        f"Run time: {t.rpartition(', ')[2]}" if t.startswith("Produced by `") else t.replace("Machine", "Platform", 1)
+        for t in first["text"]
+    ]
+    del page["raw"]
+    write({**page, "meta": meta, "runs": results["runs"]}, Path(args.json), Path(args.markdown))
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 
@@ -446,7 +465,13 @@ def main() -> None:
         "--update", action="store_true", help="keep the runs of other engines already in --json (rerun some engines)"
     )
     parser.add_argument("--markdown", help="write the table here")
+    parser.add_argument("--render", action="store_true", help="render --markdown from --json again; run nothing")
     args = parser.parse_args()
+    if args.render:
+        results = json.loads(Path(args.json).read_text())
+        recorded = argparse.Namespace(**{**results["meta"]["args"], "json": args.json, "markdown": args.markdown})
+        recorded.rates = [float(rate) for rate in recorded.rates.strip("[]").split(",")]
+        return publish(results, recorded, results["meta"]["command"])
     args.rates = [math.inf if math.isinf(rate) else rate for rate in args.rates]
     command = "python benchmarks/benchmark_serve_mixed.py " + shlex.join(sys.argv[1:])
     # SIGTERM (timeout, a job manager) unwinds like Ctrl-C, so that the server being measured is stopped too.
@@ -506,9 +531,11 @@ def main() -> None:
         results["meta"]["elapsed_s"] = time.time() - began
         if not results["meta"]["load"]:
             results["meta"]["load"] = [os.getloadavg()[0]]
-        if args.json:
+        if args.json and args.markdown:
+            publish(json.loads(json.dumps(results, default=str)), args, command)
+        elif args.json:
             Path(args.json).write_text(json.dumps(results, indent=1, default=str) + "\n")
-        if args.markdown:
+        elif args.markdown:
             Path(args.markdown).write_text(report(results, args, command))
 
     for round_index in range(args.rounds):

@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -131,6 +132,9 @@ def main() -> None:
     parser.add_argument("--gguf", nargs="*", default=[], metavar="NAME=FILE", help="more GGUF files")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument(
+        "--json", type=Path, help="write the raw results and the tables here; --markdown is then rendered from it"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -139,7 +143,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     args.stride = args.stride or args.window
     ids = text_ids(tokenizer, args.text.read_text(encoding="utf-8"), args.max_tokens)
-    rows, reference = [], None
+    rows, measured, reference = [], [], None
     for name, how, measure in systems(args):
         start = time.perf_counter()
         try:
@@ -151,6 +155,7 @@ def main() -> None:
         reference = reference or value
         print(f"{name} ({how}): {value:.3f} in {time.perf_counter() - start:.0f} s", flush=True)
         rows.append(f"| {name} | {how} | {value:.3f} | {value / reference - 1:+.1%} |")
+        measured.append({"system": name, "how": how, "perplexity": value})
     scored = sum(end - first for _, end, first in strided_windows(len(ids), args.window, args.stride))
     table = "\n".join(
         [
@@ -165,7 +170,12 @@ def main() -> None:
         ]
     )
     print("\n" + table)
-    if args.markdown:
+    if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from results import publish_report
+
+        publish_report(table, args.json, args.markdown, {"perplexity": measured, "tokens": len(ids)}, args.threads)
+    elif args.markdown:
         args.markdown.write_text(table + "\n")
 
 

@@ -115,6 +115,11 @@ def time_decoding(report: dict, args: argparse.Namespace) -> dict:
     (Path(args.work) / "int4_quality.json").write_text(json.dumps(report, indent=2))
     Path(args.output).write_text(markdown(report))
     print(markdown(report))
+    if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from results import publish_report
+
+        publish_report(markdown(report), args.json, Path(args.output), report, args.threads)
     return report
 
 
@@ -157,6 +162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--text", help="UTF-8 text to measure perplexity on (not used for calibration)")
     parser.add_argument("--work", default="outputs/int4-quality", help="folder for the exports")
     parser.add_argument("--output", default="docs/results/int4_quality.md", help="the Markdown table")
+    parser.add_argument("--json", type=Path, help="raw results and tables as JSON; the page is rendered from it")
     parser.add_argument(
         "--systems",
         nargs="+",

@@ -9,7 +9,8 @@ Each export is validated with bounds wide open, so every metric is recorded what
 
     python benchmarks/quantized_validation_bounds.py --model /tmp/smol/vaswani --output docs/results/quantized_validation
 
-writes OUTPUT.json (every measurement) and OUTPUT.md (the table, made from the JSON).
+writes OUTPUT.json (every measurement, under `raw`, and the table) and OUTPUT.md (rendered from the JSON by
+benchmarks/results.py). `--from-json OUTPUT.json` makes the table again from the measurements in that file.
 """
 
 import argparse
@@ -24,6 +25,7 @@ import numpy as np
 import onnx
 import torch
 from onnx import numpy_helper
+from results import machine, table, write  # benchmarks/results.py
 
 from vaswani import (
     VaswaniDecoderConfig,
@@ -138,47 +140,72 @@ def worst(rows: list[dict]) -> tuple[str, str, str]:
     )
 
 
-def markdown(results: list[dict], command: str) -> str:
-    lines = [
-        "# Quantized validation: honest exports against corrupted ones",
-        "",
-        f"Made by `{command}` (raw results: the JSON file beside this one).",
-        "",
-        "Per export: the logits' relative RMS error against PyTorch (RMS of the difference over RMS of PyTorch's "
-        "logits, worst validation case), their lowest cosine similarity and their top-1 agreement, then the same "
-        "for the states (caches, encoder outputs; the worst one named). Validation feeds random tokens. The bounds "
-        "in `vaswani/conversion/onnx/validation.py` (`QUANTIZED_BOUNDS`, and docs/deployment.md) sit between the honest rows "
-        "and the corrupted ones.",
-        "",
-        "| model | quantization | graph | logits rel. RMS | logits cosine | top-1 | states rel. RMS (worst) | states cosine |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+COLUMNS = [
+    "model",
+    "quantization",
+    "graph",
+    "logits rel. RMS",
+    "logits cosine",
+    "top-1",
+    "states rel. RMS (worst)",
+    "states cosine",
+]
+
+
+def table_rows(results: list[dict]) -> list[list[str]]:
+    rows = []
     for entry in results:
         logits = [row for row in entry["rows"] if row["output"].endswith("/logits")]
         states = [row for row in entry["rows"] if not row["output"].endswith("/logits")]
         (logits_rms, logits_cosine, top1), (states_rms, states_cosine, _) = worst(logits), worst(states)
-        logits_rms = logits_rms.split(" ")[0]
-        lines.append(
-            f"| {entry['model']} | {entry['quantization']} | {entry['graph']} | {logits_rms} | {logits_cosine} | "
-            f"{top1} | {states_rms} | {states_cosine} |"
+        rows.append(
+            [entry["model"], entry["quantization"], entry["graph"], logits_rms.split(" ")[0], logits_cosine, top1]
+            + [states_rms, states_cosine]
         )
-    return "\n".join(lines) + "\n"
+    return rows
+
+
+def results_page(measured: list[dict], command: str, described: dict | None) -> dict:
+    """The page's results: the measurements as `raw` and the table made from them."""
+    return {
+        "title": "Quantized validation: honest exports against corrupted ones",
+        "command": command,
+        "machine": described,
+        "notes": [
+            "Per export: the logits' relative RMS error against PyTorch (RMS of the difference over RMS of PyTorch's "
+            "logits, worst validation case), their lowest cosine similarity and their top-1 agreement, then the same "
+            "for the states (caches, encoder outputs; the worst one named). Validation feeds random tokens. The bounds "
+            "in `vaswani/conversion/onnx/validation.py` (`QUANTIZED_BOUNDS`, and docs/deployment.md) sit between the "
+            "honest rows and the corrupted ones."
+        ],
+        "tables": [table("Honest and corrupted exports", COLUMNS, table_rows(measured))],
+        "raw": measured,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="a trained vaswani causal-LM folder to measure at defaults too")
     parser.add_argument("--output", type=Path, required=True, help="writes OUTPUT.json and OUTPUT.md")
+    parser.add_argument("--from-json", type=Path, help="make the table again from this file's measurements (no run)")
+    parser.add_argument("--command", help="with --from-json: the command that measured them, if the file lacks it")
     args = parser.parse_args()
-    models: dict = random_models()
-    if args.model is not None:
-        models[args.model.name] = args.model
-    with tempfile.TemporaryDirectory() as work:
-        results = run(models, Path(work))
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-    command = "python benchmarks/quantized_validation_bounds.py " + " ".join(sys.argv[1:])
-    args.output.with_suffix(".md").write_text(markdown(results, command))
+    if args.from_json is not None:
+        previous = json.loads(args.from_json.read_text())
+        if isinstance(previous, list):  # the measurements alone, as the first run wrote them
+            previous = {"raw": previous, "command": args.command, "machine": None}
+        command = previous["command"] or args.command
+        page = results_page(previous["raw"], command, previous["machine"])
+    else:
+        models: dict = random_models()
+        if args.model is not None:
+            models[args.model.name] = args.model
+        with tempfile.TemporaryDirectory() as work:
+            measured = run(models, Path(work))
+        command = "python benchmarks/quantized_validation_bounds.py " + " ".join(sys.argv[1:])
+        page = results_page(measured, command, machine(torch.get_num_threads(), shared=False))
+    write(page, args.output.with_suffix(".json"), args.output.with_suffix(".md"))
 
 
 if __name__ == "__main__":

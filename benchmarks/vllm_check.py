@@ -391,6 +391,7 @@ def main() -> int:
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "results" / "vllm_cpu.md")
+    parser.add_argument("--json", type=Path, help="raw results and tables as JSON; the page is rendered from it")
     parser.add_argument("--skip-tiny", action="store_true", help="only the SmolLM2 checks")
     parser.add_argument("--only", help="run only the tiny cases whose folder name contains this (e.g. classifier)")
     parser.add_argument("--skip-throughput", action="store_true", help="SmolLM2: tokens only, no throughput")
@@ -445,6 +446,12 @@ def main() -> int:
     print(text)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text)
+    if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from results import publish_report
+
+        raw = json.loads(json.dumps({"throughput": throughput}, default=str))
+        publish_report(text, args.json, args.output, raw, None)
     return 0 if ok else 1
 
 

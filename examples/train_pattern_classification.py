@@ -52,6 +52,7 @@ class Args:
     embedding_scale: bool
     initializer_range: float | None
     threads: int | None
+    json: Path | None = None
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
@@ -93,6 +94,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
         default=None,
         help="torch CPU threads (default: one per core); 1 is faster on a machine shared with other jobs",
     )
+    parser.add_argument("--json", type=Path, help="also publish: the results as JSON here, and the page beside it")
     return Args(**vars(parser.parse_args(argv)))
 
 
@@ -297,6 +299,14 @@ def main(argv: list[str] | None = None) -> dict:
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(args).items()},
     }
     write_results(results, args.output_dir)
+    if args.json:  # the page: rendered from the JSON (benchmarks/results.py), without the output folder's figure
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+        from results import publish_report
+
+        report = (args.output_dir / "results.md").read_text().replace("![loss curve](loss_curve.png)", "")
+        publish_report(
+            report, args.json, args.json.with_suffix(".md"), results, args.threads or torch.get_num_threads()
+        )
 
     print("\n" + "=" * 72)
     print(

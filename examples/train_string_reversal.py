@@ -10,7 +10,10 @@ longer than any training string.
 
 Writes to `--output-dir` (default `outputs/string_reversal`): the trained model (`model/`, safetensors),
 `loss_curve.png`, `cross_attention.png` (every layer and head of the decoder's attention over the input),
-`results.json` and `results.md`. Everything is seeded: two runs give the same numbers.
+`results.json` and `results.md`. Everything is seeded: two runs give the same numbers. `--json FILE` also writes
+the results with the machine they ran on to FILE and renders FILE's page beside it (benchmarks/results.py):
+
+    python examples/train_string_reversal.py --threads 1 --json docs/results/string_reversal.json
 """
 
 import argparse
@@ -56,6 +59,7 @@ class Args:
     intermediate_size: int
     attention_text: str
     threads: int | None
+    json: Path | None = None
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
@@ -83,6 +87,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
         default=None,
         help="torch CPU threads (default: one per core); 1 is faster on a machine shared with other jobs",
     )
+    parser.add_argument("--json", type=Path, help="also publish: the results as JSON here, and the page beside it")
     return Args(**vars(parser.parse_args(argv)))
 
 
@@ -215,11 +220,55 @@ def save_cross_attention(model: VaswaniForConditionalGeneration, text: str, path
     plt.close(fig)
 
 
+COLUMNS = ["length", "teacher-forced token accuracy", "textbook", "greedy exact match"]
+TEXTBOOK = {3: "100%", 5: "100%", 7: "100%", 10: "100%", 15: "8%"}
+
+
+def length_rows(results: dict) -> list[list[str]]:
+    """The table's cells per evaluated length, beside the textbook's figure."""
+    args, rows = results["args"], []
+    for row in results["per_length"]:
+        note = "" if args["min_length"] <= row["length"] <= args["max_length"] else " (longer than any training string)"
+        rows.append(
+            [f"{row['length']}{note}", f"{100 * row['token_accuracy']:.2f}%", TEXTBOOK.get(row["length"], ""),
+             f"{100 * row['exact_match']:.2f}%"]
+        )  # fmt: skip
+    return rows
+
+
+def publish(results: dict, json_path: Path) -> None:
+    """The results page (docs/results/NAME.md) rendered from the JSON written beside it, with the machine."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from results import machine, table, write  # benchmarks/results.py
+
+    args = results["args"]
+    page = {
+        "title": "String reversal",
+        "command": results["command"],
+        "machine": machine(args["threads"] or torch.get_num_threads()),
+        "notes": [
+            f"Greedy `generate`, exact match on {results['eval_size']} fresh strings of length "
+            f"{args['min_length']}-{args['max_length']}: **{results['exact_match']:.4f}** (target >= 0.99). "
+            f"{results['eval_size']} fresh strings per length; token accuracy counts the reversed letters and the "
+            "closing `</s>`, each predicted from the correct previous tokens (teacher forcing).",
+            f"Training: {results['steps']} steps in {results['train_seconds']:.0f} s ({results['total_seconds']:.0f} s "
+            f"in all, evaluation included); final training loss {results['final_train_loss']:.4f}, validation loss "
+            f"{results['validation_loss']:.4f}. Setup: encoder-decoder d_model {args['hidden_size']}, "
+            f"{args['num_heads']} heads, d_ff {args['intermediate_size']}, {args['num_layers']}+{args['num_layers']} "
+            f"layers, post-LN, ReLU, sinusoidal positions ({results['parameters']:,} parameters); Adam lr "
+            f"{args['learning_rate']}, cosine decay, batch {args['batch_size']}, seed {args['seed']}; "
+            f"{results['train_strings']:,} fresh training strings, each seen once.",
+        ],
+        "tables": [table("Accuracy by string length", COLUMNS, length_rows(results))],
+        "raw": results,
+    }
+    write(page, json_path, json_path.with_suffix(".md"))
+
+
 def write_results(results: dict, output_dir: Path) -> None:
     (output_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     args = results["args"]
     in_range = f"{args['min_length']}-{args['max_length']}"
-    textbook = {3: "100%", 5: "100%", 7: "100%", 10: "100%", 15: "8%"}
     lines = [
         "# String reversal",
         "",
@@ -228,16 +277,9 @@ def write_results(results: dict, output_dir: Path) -> None:
         f"Greedy `generate`, exact match on {results['eval_size']} fresh strings of length {in_range}: "
         f"**{results['exact_match']:.4f}** (target >= 0.99).",
         "",
-        "| length | teacher-forced token accuracy | textbook | greedy exact match |",
+        "| " + " | ".join(COLUMNS) + " |",
         "|---|---|---|---|",
-    ]
-    for row in results["per_length"]:
-        note = "" if args["min_length"] <= row["length"] <= args["max_length"] else " (longer than any training string)"
-        lines.append(
-            f"| {row['length']}{note} | {100 * row['token_accuracy']:.2f}% | {textbook.get(row['length'], '')} | "
-            f"{100 * row['exact_match']:.2f}% |"
-        )
-    lines += [
+        *("| " + " | ".join(row) + " |" for row in length_rows(results)),
         "",
         f"{results['eval_size']} fresh strings per length. Token accuracy counts the reversed letters and the closing "
         "`</s>`, each predicted from the correct previous tokens (teacher forcing).",
@@ -349,6 +391,8 @@ def main(argv: list[str] | None = None) -> dict:
         print("matplotlib is not installed (pip install -e '.[train]'): skipping the figures")
     results["total_seconds"] = time.perf_counter() - start
     write_results(results, args.output_dir)
+    if args.json:
+        publish(results, args.json)
 
     print("\n" + "=" * 72)
     print(

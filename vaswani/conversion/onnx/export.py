@@ -21,6 +21,7 @@ either way, also in fp16 exports.
 import logging
 import os
 import shutil
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -82,6 +83,13 @@ TOKENIZER_FILES = (
 
 Progress = Callable[[str], None] | None
 
+# Loading, building and tracing a model touch torch's process-wide state: torch.export keeps its tracing modes on one
+# stack for the process ("Trying to pop empty mode stack" when two trace at once), loading builds the model with
+# parameter registration patched to the meta device (a parameter another thread creates meanwhile lands there), and
+# the exporter's quieting sets a logger and the warnings filters. So these steps of two exports take turns; the
+# rest (quantization, validation) runs side by side.
+_TORCH_GLOBALS = threading.RLock()
+
 
 @contextmanager
 def _quiet_exporter() -> Iterator[None]:
@@ -126,7 +134,7 @@ def trace_graph(spec: GraphSpec, config: PreTrainedConfig, device: str, opset: i
         lambda leaf: {axis: dims[name] for axis, name in enumerate(leaf.shape) if isinstance(name, str)}
     )
     llm_ops = opset is not None and opset >= LLM_OPSET
-    with torch.no_grad(), exporting_formulations(spec.module, llm_ops), _quiet_exporter():
+    with _TORCH_GLOBALS, torch.no_grad(), exporting_formulations(spec.module, llm_ops), _quiet_exporter():
         program = torch.onnx.export(
             spec.module,
             args,
@@ -325,12 +333,13 @@ def export_onnx(
         source = Path(model_or_folder)
         if source.resolve() == output_dir.resolve():
             raise ValueError(f"The output folder {output_dir} is the model folder; pick another one.")
-        if is_transformers_folder(source):
-            model = load_converted(source, log=say)
-            task = task or infer_task(model)
-        else:
-            say(f"Loading {source}")
-            model, task = load_for_task(source, task)
+        with _TORCH_GLOBALS:
+            if is_transformers_folder(source):
+                model = load_converted(source, log=say)
+                task = task or infer_task(model)
+            else:
+                say(f"Loading {source}")
+                model, task = load_for_task(source, task)
     else:
         model = model_or_folder
         task = task or infer_task(model)
@@ -342,9 +351,10 @@ def export_onnx(
         # Before any work: a missing tokenizer is an error here.
         positions = getattr(model.config, "max_position_embeddings", None) or CALIBRATION_WINDOW
         windows = calibration_windows(tokenizer_folder, calibration_text, window=min(CALIBRATION_WINDOW, positions))
-    module = task_model(model, task)
+    with _TORCH_GLOBALS:
+        module = task_model(model, task)
+        export_model = cast_model(module, DTYPES[dtype], device)
     family = family_of(module.config)
-    export_model = cast_model(module, DTYPES[dtype], device)
     row_scores = None
     if quantization is not None and quantization.bits == 4 and quantization.eight_bit_budget > 0:
         row_scores = export_row_scores(
@@ -358,11 +368,12 @@ def export_onnx(
         )
         if row_scores is None:  # the default budget could not be spent: the manifest says 0, as the graph is
             quantization = replace(quantization, eight_bit_budget=0.0)
-    specs = build_graph_specs(export_model, task, DTYPES[dtype])
     form = {"attention_form": "portable"}
 
     with staged_folder(output_dir) as staging:
-        graphs = _export_graphs(export_model, task, specs, DTYPES[dtype], device, opset, stamp_layers, say)
+        with _TORCH_GLOBALS:
+            specs = build_graph_specs(export_model, task, DTYPES[dtype])
+            graphs = _export_graphs(export_model, task, specs, DTYPES[dtype], device, opset, stamp_layers, say)
         for spec in specs:
             save_graph(graphs.pop(spec.name), staging / spec.file)
         _write_side_files(staging, module, task, source, say)

@@ -281,17 +281,11 @@ def int4_node_quantizer(config, method: str, hessians: dict[str, np.ndarray] | N
             hessian = (hessians or {}).get(self.activation)
             if self.config.bits != 4 or fp32weight.shape[0] % block_size or (method == "gptq" and hessian is None):
                 return super().qbits_block_quant(fp32weight)
-            # One thread: these are many small tensor ops, which intra-op threads spin-waiting on a busy machine made
-            # 30x slower (a 576 x 3072 weight: 37 s with 2 threads, 1.2 s with one).
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
-                if method == "gptq":
-                    integers, scales, zeros = gptq(fp32weight, hessian, block_size, bits=4)
-                else:
-                    integers, scales, zeros = search_quantize(fp32weight, block_size, bits=4)
-            finally:
-                torch.set_num_threads(threads)
+            # Runs on the caller's torch threads (`vaswani export` gives itself one: see set_command_threads).
+            if method == "gptq":
+                integers, scales, zeros = gptq(fp32weight, hessian, block_size, bits=4)
+            else:
+                integers, scales, zeros = search_quantize(fp32weight, block_size, bits=4)
             return pack_matmul_nbits(integers, scales, zeros, block_size)
 
     return Int4Quantizer(config)
