@@ -238,15 +238,10 @@ def summarize(runs: dict) -> list[dict]:
 
 
 def render(report: dict) -> str:
-    """The results page: the machine, the export, the parity check and the speed table with ratios."""
-    info = report["machine"]
+    """The report as Markdown: the export, the greedy agreement and the speed table with ratios (`results.py`
+    publishes it with the machine)."""
     lines = [
         "# GPU: fp16 export on ONNX Runtime's CUDA provider beside transformers",
-        "",
-        f"Produced by `python benchmarks/benchmark_gpu.py` (raw results: `{report['json_name']}`), {info['date']}, "
-        f"on one {info['gpu']} ({info.get('driver, memory', '')}); torch {info['torch']} (CUDA {info['cuda']}), "
-        f"transformers {info['transformers']}, onnxruntime {info.get('onnxruntime', 'absent')}; commit "
-        f"{info['commit']}.",
         "",
         "SmolLM2-135M-Instruct's shape with seeded random weights at the trained tensors' scales (speed does not "
         "depend on the values; quality is not measured here).",
@@ -267,10 +262,12 @@ def render(report: dict) -> str:
     parity = report.get("parity")
     if parity:
         lines += [
-            f"**Greedy agreement** over {parity['new_tokens']} new tokens on chat-templated prompts: the leading tokens "
+            f"Greedy agreement over {parity['new_tokens']} new tokens on chat-templated prompts: the leading tokens "
             "each pair of runs shares, per prompt (8 prompts alone, then the same 8 as one left-padded batch). "
             "transformers' float32 model is the oracle: fp16 rounding alone moves near-ties, and random weights have "
             "many.",
+            "",
+            "**Greedy agreement**",
             "",
             "| prompt | batch | vaswani ORT fp16 = PyTorch fp16 | vaswani ORT fp16 = PyTorch fp32 | PyTorch fp16 = "
             "PyTorch fp32 | first step's top-2 gap (fp32) |",
@@ -288,9 +285,11 @@ def render(report: dict) -> str:
         settings = report["settings"]
         baseline = {row["batch_size"]: row for row in rows if row["system"] == "transformers-static"}
         lines += [
-            f"**Decode**, fp16, greedy, {settings['prompt_tokens']}-token prompts, {settings['new_tokens']} new tokens; "
+            f"Decode speed, fp16, greedy, {settings['prompt_tokens']}-token prompts, {settings['new_tokens']} new tokens; "
             f"best of {settings['rounds']} rounds (each system in a process of its own, alternating; per-round "
             "figures in the JSON). The bound is the copy bandwidth over the weight bytes a step reads.",
+            "",
+            "**Decode**",
             "",
             "| system | batch | time to first token | decode tokens/s | of the bound | vs transformers static |",
             "|---|---:|---:|---:|---:|---:|",
@@ -325,7 +324,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--json", type=Path, help="write the raw results here")
     parser.add_argument("--markdown", type=Path, help="write the results page here")
-    parser.add_argument("--render", type=Path, metavar="JSON", help="only render the page from these raw results")
+    parser.add_argument(
+        "--render", type=Path, metavar="JSON", help="publish again from this JSON's raw report (with --json)"
+    )
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a quick check of this script")
     parser.add_argument("--child", choices=["parity"], help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -333,7 +334,7 @@ def main() -> None:
         parity_child(args.work, args.device)
         return
     if args.render:
-        report = json.loads(args.render.read_text())
+        report = json.loads(args.render.read_text())["raw"]
     else:
         import torch
 
@@ -389,10 +390,24 @@ def main() -> None:
             systems,
             measured,
         )
-    page = render(report)
-    print(page)
-    if args.markdown:
-        args.markdown.write_text(page)
+    if args.json:
+        print(publish(report, args.json, args.markdown))
+
+
+def publish(report: dict, json_path: Path, markdown_path: Path | None) -> str:
+    """The page through `results.py`: the rendered report's tables, the raw report, and the GPU it ran on."""
+    sys.path.insert(0, str(HERE))
+    from results import from_markdown, write
+
+    results = from_markdown(render(report), report, threads=None, shared=False)
+    info = report["machine"]
+    results["command"] = f"python benchmarks/benchmark_gpu.py --json {json_path.name} --markdown {json_path.stem}.md"
+    results["machine"] = {
+        "gpu": f"one {info['gpu']} ({info.get('driver, memory', '')}), commit {info['commit']}",
+        "date": info["date"],
+        "versions": {name: info[name] for name in ("torch", "cuda", "transformers", "onnxruntime") if name in info},
+    }
+    return write(results, json_path, markdown_path)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,9 @@ def table(heading: str, columns: list[str], rows: list[list]) -> dict:
 def describe_machine(described: dict | None) -> str:
     if described is None:
         return "not recorded (the run predates the record)."
+    if "gpu" in described:  # a GPU run: the accelerator, not the host's CPU, decides the figures
+        versions = ", ".join(f"{name} {version}" for name, version in described["versions"].items())
+        return f"{described['gpu']}; {described['date']}; {versions}."
     cpu = described["cpu"]
     flags = ", ".join(flag for flag, present in cpu["flags"].items() if present) or "none of " + ", ".join(CPU_FLAGS)
     count = described.get("threads")
