@@ -5,7 +5,8 @@ onnxruntime is missing.
 - `exported`, for test_onnx_export.py, test_onnx_contract.py and test_onnx_validation.py: one export per case (model,
   position type, attention shape, task, opset or dtype), validated as part of the export.
 - `exports`, `load` and `tokenizer`, for test_onnx_runtime.py and test_onnx_generation.py: tiny models exported
-  without validation (those tests compare with PyTorch themselves), their ONNX Runtime models, and padded inputs.
+  without validation (those tests compare with PyTorch themselves; the encoder heads of TASK_EXPORTS are `exported`'s
+  validated ones), their ONNX Runtime models, and padded inputs. Tests read the folders and never write them.
 
 PYTEST_DONT_REWRITE: this module holds no asserts, and the test modules import it before pytest loads it as a
 plugin, which would otherwise warn that it cannot be rewritten.
@@ -156,6 +157,13 @@ DECODERS = {
     "alibi-mqa": dict(position_embedding_type="alibi", num_key_value_heads=1),
 }
 SEQ2SEQ = {"relative_bias-gqa": dict(position_embedding_type="relative_bias", num_key_value_heads=2)}
+# Encoder heads whose runtime tests ask nothing of the model but its head: the validated exports of TASK_CASES (one
+# position type each), so that a run of the whole suite exports each of these models once.
+TASK_EXPORTS = {
+    "sequence-classification": ("encoder", "text-classification"),
+    "token-classification": ("encoder", "token-classification"),
+    "feature-extraction": ("encoder", "feature-extraction"),
+}
 
 
 @pytest.fixture(scope="session")
@@ -167,8 +175,9 @@ def tokenizer():
 
 
 @pytest.fixture(scope="session")
-def exports(tmp_path_factory, tokenizer):
-    """name -> (PyTorch model, exported folder), exporting each tiny model on first use."""
+def exports(tmp_path_factory, tokenizer, exported):
+    """name -> (PyTorch model, exported folder), exporting each tiny model on first use (TASK_EXPORTS: taken from
+    `exported`)."""
     # The decoders cover the tokenizer's vocabulary, for the text-generation pipeline.
     recipes = {
         **{
@@ -193,23 +202,15 @@ def exports(tmp_path_factory, tokenizer):
             tiny_encoder_config(vocab_size=len(tokenizer), type_vocab_size=2),
             "fill-mask",
         ),
-        "sequence-classification": (
-            VaswaniEncoderForSequenceClassification,
-            tiny_encoder_config(num_labels=3, classifier_pooling="mean"),
-            "text-classification",
-        ),
-        "token-classification": (
-            VaswaniForTokenClassification,
-            tiny_encoder_config(num_labels=5),
-            "token-classification",
-        ),
-        "feature-extraction": (VaswaniEncoderModel, tiny_encoder_config(add_pooler=True), "feature-extraction"),
         # ONNX Runtime's CPU provider runs fp16 graphs too: the half-precision cache path is tested without a GPU.
         "decoder-fp16": (VaswaniForCausalLM, tiny_decoder_config(**DECODERS["rope-gqa"]), "text-generation", "fp16"),
     }
     done = {}
 
     def get(name: str):
+        if name in TASK_EXPORTS and name not in done:
+            model, result = exported(("task", TASK_EXPORTS[name]))
+            done[name] = model, result.folder
         if name not in done:
             model_class, config, task, *dtype = recipes[name]
             model = build_model(model_class, config)

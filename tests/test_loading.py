@@ -3,6 +3,7 @@ loads as its class with the folder's tokenizer, and folders it cannot serve give
 
 import json
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,14 @@ pytest.importorskip("onnxruntime")
 from vaswani.conversion.onnx import export_onnx  # noqa: E402
 
 # name: (model class, config, export task); the causal LM is the session's tiny chat pair (conftest.tiny_chat_pair).
+# One layer per stack: loading does not depend on depth, and tracing time grows with it.
 SOURCES = {
-    "masked": (VaswaniForMaskedLM, tiny_encoder_config, "fill-mask"),
-    "seq2seq": (VaswaniForConditionalGeneration, tiny_seq2seq_config, "text2text-generation"),
+    "masked": (VaswaniForMaskedLM, partial(tiny_encoder_config, num_hidden_layers=1), "fill-mask"),
+    "seq2seq": (
+        VaswaniForConditionalGeneration,
+        partial(tiny_seq2seq_config, encoder_layers=1, decoder_layers=1),
+        "text2text-generation",
+    ),
 }
 EXPECTED = [
     ("causal", "pytorch", "VaswaniForCausalLM", "text-generation"),

@@ -32,16 +32,18 @@ from vaswani.conversion.onnx.contract import positions_from_mask  # noqa: E402
 
 LAYERS = 4
 LLAMA_STYLE = {"norm_type": "rmsnorm", "gated_ffn": True, "hidden_act": "silu"}
+ROPE = dict(num_key_value_heads=2, **LLAMA_STYLE)
 # case -> (position type, config overrides, export options): each thing a position type shares with the blocks at
 # the CPU's default opset (rotary tables, an ALiBi bias, a T5 bucket bias, or nothing: "learned" stands for the
 # "sinusoidal" and "none" types too, whose blocks take the hidden state and mask alone, as its blocks do), and a
-# CUDA-style export (fp16, opset 20: attention as plain math) run on the CPU.
+# CUDA-style export (fp16, opset 20: attention as plain math) run on the CPU. Rope at the CPU's opset is the int8
+# case below: an int8 export validates its fp32 graph at the fp32 tolerance before quantizing it, so that one pair of
+# exports checks the stamped fp32 graph against PyTorch and the stamped quantized graph against the full trace's.
 DECODERS = {
-    "rope": ("rope", dict(num_key_value_heads=2, **LLAMA_STYLE), {}),
     "alibi": ("alibi", dict(num_key_value_heads=1), {}),
     "learned": ("learned", dict(num_key_value_heads=4, norm_position="post"), {}),
     "relative_bias": ("relative_bias", dict(num_key_value_heads=2), {}),
-    "rope-fp16-opset20": ("rope", dict(num_key_value_heads=2, **LLAMA_STYLE), dict(dtype="fp16", opset=20)),
+    "rope-fp16-opset20": ("rope", ROPE, dict(dtype="fp16", opset=20)),
 }
 
 
@@ -120,11 +122,15 @@ def test_stamped_decoder_export_is_the_full_trace(case, tmp_path):
     )
 
 
-def test_stamped_int8_export_is_the_full_trace(tmp_path):
-    """Quantization runs on the stamped graph as on the traced one: the same MatMulNBits weights, the same outputs."""
-    config = tiny_decoder_config(num_hidden_layers=LAYERS, **DECODERS["rope"][1])
+def test_stamped_rope_int8_export_is_the_full_trace(tmp_path):
+    """A LLaMA-style decoder's stamped fp32 graph matches PyTorch (validated at the fp32 tolerance before quantizing),
+    and quantization runs on the stamped graph as on the traced one: the same MatMulNBits weights, the same outputs."""
+    config = tiny_decoder_config(position_embedding_type="rope", num_hidden_layers=LAYERS, **ROPE)
     model = build_model(VaswaniForCausalLM, config, "sdpa")
-    stamped, _, full = export_both(model, tmp_path, "text-generation", quantize="int8")
+    stamped, lines, full = export_both(model, tmp_path, "text-generation", quantize="int8")
+    assert any(f"of 2 layers, stamped to {LAYERS}" in line for line in lines), lines
+    assert not any("refused" in line for line in lines), lines
+    assert any("Validating fp32 graphs against PyTorch" in line for line in lines), lines
     assert stamped.manifest["quantization"] == "int8-weight-only" and stamped.validation.passed
     graph = full.manifest["graphs"]["model"]
     assert op_counts(stamped.folder, graph)["MatMulNBits"] == op_counts(full.folder, graph)["MatMulNBits"] > LAYERS

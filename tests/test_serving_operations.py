@@ -28,7 +28,6 @@ from serving_cases import (
     offline_answer,
     self_signed_certificate,
     serving,
-    tiny_chat_folders,
     tiny_chat_tokenizer,
     wait_for,
 )
@@ -53,8 +52,9 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory, tokenizer):
-    return tiny_chat_folders(tmp_path_factory.mktemp("operations"), tokenizer)
+def folders(tiny_chat_pair):
+    """(PyTorch folder, its ONNX export): the session's tiny chat pair, read and never written here."""
+    return tiny_chat_pair["pytorch"], tiny_chat_pair["onnx"]
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from contextlib import ExitStack
 
 import httpx
 import pytest
-from serving_cases import offline_answer, tiny_chat_folders, tiny_chat_tokenizer
+from serving_cases import offline_answer, tiny_chat_tokenizer
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -44,9 +44,8 @@ SLOW = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    tokenizer = tiny_chat_tokenizer()
-    _, folder = tiny_chat_folders(tmp_path_factory.mktemp("ray"), tokenizer)
+def tiny(tiny_chat_pair):
+    tokenizer, folder = tiny_chat_tokenizer(), tiny_chat_pair["onnx"]
     offline = OrtModelForCausalLM.from_pretrained(folder, session_options=default_session_options(1))
     prompt = list(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=True)["input_ids"])
     expected, _ = offline_answer(offline, tokenizer, prompt, 16)

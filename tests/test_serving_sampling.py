@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from serving_cases import offline_answer, serving, tiny_chat_folders, tiny_chat_tokenizer
+from serving_cases import offline_answer, serving, tiny_chat_tokenizer
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
@@ -37,8 +37,9 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory, tokenizer):
-    return tiny_chat_folders(tmp_path_factory.mktemp("sampling"), tokenizer)
+def folders(tiny_chat_pair):
+    """(PyTorch folder, its ONNX export): the session's tiny chat pair, read and never written here."""
+    return tiny_chat_pair["pytorch"], tiny_chat_pair["onnx"]
 
 
 @pytest.fixture(scope="module")
