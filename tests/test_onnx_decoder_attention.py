@@ -57,6 +57,7 @@ def padded_source(batch: int = 3, length: int = 9) -> tuple[torch.Tensor, torch.
     return ids, mask
 
 
+@pytest.mark.slow  # three exports of BART (34 s of the default run); make test-slow and CI run it
 def test_only_the_onnx_runtime_forms_run_multi_head_attention(exported):
     _, folders = exported
     portable = decoder_ops(folders["portable"])
@@ -71,6 +72,7 @@ def test_only_the_onnx_runtime_forms_run_multi_head_attention(exported):
 
 
 @pytest.mark.parametrize("form", ["optimize", "int8"])
+@pytest.mark.slow  # three exports of BART (34 s of the default run); make test-slow and CI run it
 def test_cached_steps_match_one_uncached_call_and_pytorch(exported, form):
     model, folders = exported
     ort_model = OrtModelForSeq2SeqLM.from_pretrained(folders[form])
@@ -96,6 +98,7 @@ def test_cached_steps_match_one_uncached_call_and_pytorch(exported, form):
 
 
 @pytest.mark.parametrize("lean_loop", [True, False])
+@pytest.mark.slow  # three exports of BART (34 s of the default run); make test-slow and CI run it
 def test_greedy_tokens_match_transformers_bart(bart, exported, lean_loop):
     _, folders = exported
     ort_model = OrtModelForSeq2SeqLM.from_pretrained(folders["optimize"])

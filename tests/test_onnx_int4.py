@@ -155,6 +155,7 @@ def trained(tmp_path_factory):
 BUDGET = 0.3
 
 
+@pytest.mark.slow  # a trained model and six int4 exports (29 s); make test-slow and CI run it
 def test_every_int4_method_is_rtns_graph_with_other_integers(trained):
     _, _, exports = trained
 
@@ -186,6 +187,7 @@ def test_every_int4_method_is_rtns_graph_with_other_integers(trained):
         assert manifest["validation"]["passed"]  # within the int4 tolerance of PyTorch, as RTN
 
 
+@pytest.mark.slow  # a trained model and six int4 exports (29 s); make test-slow and CI run it
 def test_mlp_out_bits_8_keeps_the_mlp_output_projections_in_8_bits(trained):
     model, _, exports = trained
     graph = onnx.load(str(exports["search, mlp out 8-bit"].folder / "model.onnx"), load_external_data=False).graph
@@ -216,6 +218,7 @@ def held_out_divergence(model, tokenizer, folder) -> float:
     return float((reference.exp() * (reference - quantized)).sum(dim=-1).mean())
 
 
+@pytest.mark.slow  # a trained model and six int4 exports (29 s); make test-slow and CI run it
 def test_gptq_is_closer_to_float32_than_rtn_on_held_out_text_of_its_calibration_domain(trained):
     model, tokenizer, exports = trained
     divergence = {method: held_out_divergence(model, tokenizer, exports[method].folder) for method in ("gptq", "rtn")}
@@ -285,6 +288,7 @@ def test_fisher_scores_rank_matrices_as_rounding_each_alone_does():
     assert 1 / 3 < ratio < 3, ratio  # measured 1.0-1.5 (sampling noise and the off-diagonal terms)
 
 
+@pytest.mark.slow  # a trained model and six int4 exports (29 s); make test-slow and CI run it
 def test_eight_bit_budget_keeps_the_listed_matmuls_in_8_bits_within_budget_and_closer_to_float32(trained):
     model, tokenizer, exports = trained
     folder = exports[f"budget {BUDGET}"].folder
@@ -305,6 +309,7 @@ def test_eight_bit_budget_keeps_the_listed_matmuls_in_8_bits_within_budget_and_c
     assert budgeted < held_out_divergence(model, tokenizer, exports["budget 0.0"].folder)
 
 
+@pytest.mark.slow  # a trained model and six int4 exports (29 s); make test-slow and CI run it
 def test_the_default_budget_scores_but_buys_nothing_smaller_than_a_matrix(trained):
     _, _, exports = trained
     options = load_manifest(exports["search"].folder)["quantization_options"]

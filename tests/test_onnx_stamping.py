@@ -141,6 +141,7 @@ def test_stamped_rope_int8_export_is_the_full_trace(tmp_path):
     )
 
 
+@pytest.mark.slow  # four full traces beside four stamped ones (26 s); make test-slow and CI run it
 def test_stamped_seq2seq_and_encoder_exports_are_the_full_trace(tmp_path):
     """Both stacks of an encoder-decoder (the encoder graph's per-layer cross keys/values too) and an encoder."""
     seq2seq = build_model(
