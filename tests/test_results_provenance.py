@@ -213,3 +213,54 @@ def test_a_scripts_markdown_report_becomes_results_that_render_it_again(tmp_path
     ]
     positions = [page.index(text) for text in order]
     assert positions == sorted(positions) and (tmp_path / "build.md").read_text() == page
+
+
+# A measured figure: a number with the unit of a speed, a time, a share or a ratio ("49.3 tok/s", "12 s", "+4.3%",
+# "1.05x"). Counts, sizes of a model's shape and settings ("128 tokens", "49.3M", "batch 8") carry no such unit.
+MEASURED_FIGURE = re.compile(r"\d(?:[\d,]*\d)?(?:\.\d+)?\s?(?:tok(?:ens)?/s|ms\b|s\b|%|x\b|×|MB\b|GB\b)")
+RESULTS_LINK = re.compile(r"\]\((?:[\w./-]*/)?results/([\w.-]+\.md)\)")
+
+
+def figureless_pages() -> set[str]:
+    """The results pages that hold no figures (no table): they name the command that measures them again."""
+    return {page.name for page in PAGES if not TABLE_ROW.search(page.read_text())}
+
+
+def figures_beside_figureless_links(text: str, figureless: set[str]) -> list[str]:
+    """Each block of `text` (paragraph or table, code left out) that links a page of `figureless`, or is the table
+    right after such a paragraph, with the measured figures it quotes: the page it would cite no longer holds them."""
+    blocks = [block.strip() for block in re.split(r"\n\s*\n", re.sub(r"```.*?```", "", text, flags=re.S))]
+    quoted, cites_figureless = [], False
+    for block in blocks:
+        is_table = bool(block) and all(TABLE_ROW.fullmatch(line.strip()) for line in block.splitlines())
+        links = set(RESULTS_LINK.findall(block)) & figureless
+        if links or (is_table and cites_figureless):
+            figures = [match.group(0) for match in MEASURED_FIGURE.finditer(block)]
+            if figures:
+                quoted.append(f"{sorted(links) or 'table after it'}: {figures[:6]} in {block[:120]!r}")
+        cites_figureless = bool(links) or (is_table and cites_figureless)
+    return quoted
+
+
+PROSE = [document for document in DOCUMENTS if document.parent.name != "results"]  # the pages that cite results
+
+
+@pytest.mark.parametrize("document", PROSE, ids=[str(path.relative_to(ROOT)) for path in PROSE])
+def test_docs_quote_no_figures_from_a_results_page_that_holds_none(document: Path) -> None:
+    """A paragraph of README.md or docs/ that cites a results page holding no figures (removed, because no command's
+    raw results stood behind them) quotes none either, nor does the table right after it: a figure is quoted from a
+    page that holds it, or the paragraph says which command measures it."""
+    quoted = figures_beside_figureless_links(document.read_text(), figureless_pages())
+    assert not quoted, f"{document.relative_to(ROOT)} quotes figures its cited pages no longer hold: {quoted}"
+
+
+def test_the_figure_check_finds_a_figure_quoted_from_a_figureless_page() -> None:
+    """The check above on text made to fail it: a speed in the citing paragraph, and in the table after it."""
+    page = "benchmark_engines_cpu.md"
+    cited = f"int8 decodes at 130.6 tok/s ([results]({'results/' + page}))."
+    assert figures_beside_figureless_links(cited, {page})
+    table = f"Measured by the engine benchmark ([results](results/{page})).\n\n| a | b |\n|---|---|\n| int8 | 12 ms |\n"
+    assert figures_beside_figureless_links(table, {page})
+    assert not figures_beside_figureless_links(
+        f"It measures tokens/s at batch 1 and 8 ([page](results/{page})).", {page}
+    )
