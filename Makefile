@@ -56,8 +56,11 @@ demo: $(DEMO_STAMP)
 
 # The tests marked slow run in `make test-slow` (CI runs both); `make test ARGS="-m slow"` is the same selection.
 # A later -m in ARGS overrides the first.
+# The default suite on TEST_WORKERS processes (pytest-xdist), each taking whole test files so that a module's
+# fixtures are built once; every test runs on one torch thread, so two workers use CI's two cores.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest tests -m "not slow" $(ARGS)
+	$(PY) -m pytest tests -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest tests -m slow $(ARGS)
@@ -69,7 +72,7 @@ $(FLOOR_STAMP): pyproject.toml .ci/floor-constraints.txt
 	touch $(FLOOR_STAMP)
 
 test-floor: $(FLOOR_STAMP)
-	$(FLOOR_VENV)/bin/python -m pytest tests -m "not slow" $(ARGS)
+	$(FLOOR_VENV)/bin/python -m pytest tests -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -165,7 +165,7 @@ def fresh_dynamo():
 
 # The extras `make setup` installs (the Makefile's EXTRAS), and the modules by which the tests import them.
 INSTALLED_EXTRAS = ("onnx", "train", "serve", "ray", "dev")
-IMPORT_NAMES = {"onnx-ir": "onnx_ir", "ray": "ray.serve", "uvicorn": "uvicorn", "ruff": None}
+IMPORT_NAMES = {"onnx-ir": "onnx_ir", "ray": "ray.serve", "uvicorn": "uvicorn", "ruff": None, "pytest-xdist": "xdist"}
 
 
 def declared_extra_modules() -> dict[str, str]:
