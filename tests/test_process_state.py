@@ -3,15 +3,30 @@ count, the classes of the models it exports."""
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import build_model, tiny_decoder_config
 
 from vaswani import VaswaniForCausalLM
 from vaswani.training import save_loss_curve
 
 HISTORY = [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.5}, {"step": 2, "eval_loss": 2.7}]
+
+
+def run_then_ask_a_new_thread(threads: list[threading.Thread]) -> int:
+    """Start `threads` together and wait for them; then the torch thread count a thread started afterwards sees."""
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    later = []
+    asking = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+    asking.start()
+    asking.join()
+    return later[0]
 
 
 def test_saving_a_loss_curve_leaves_matplotlib_as_the_caller_set_it(tmp_path):
@@ -93,17 +108,11 @@ def test_generate_in_two_threads_leaves_torch_threads_as_the_caller_set_them(tmp
     saved = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        threads = [threading.Thread(target=generate, args=("first",)), threading.Thread(target=second)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        later = []
-        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
-        thread.start()
-        thread.join()
+        later = run_then_ask_a_new_thread(
+            [threading.Thread(target=generate, args=("first",)), threading.Thread(target=second)]
+        )
         assert seen == {"first": [3] * 3, "second": [3] * 3, "started meanwhile": [3], "after": [3, 3]}
-        assert torch.get_num_threads() == 3 and later == [3]
+        assert torch.get_num_threads() == 3 and later == 3
     finally:
         torch.set_num_threads(saved)
 
@@ -166,18 +175,12 @@ def test_two_int4_exports_in_two_threads_both_validate_on_the_callers_torch_thre
     saved = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        threads = [threading.Thread(target=export, args=(name,), name=name) for name in ("first", "second")]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        later = []
-        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
-        thread.start()
-        thread.join()
+        later = run_then_ask_a_new_thread(
+            [threading.Thread(target=export, args=(name,), name=name) for name in ("first", "second")]
+        )
         assert not errors, errors
         assert {name for name, _ in seen} == {"first", "second"} and {threads for _, threads in seen} == {3}
         assert all(result.validation.passed for result in results.values()) and len(results) == 2
-        assert torch.get_num_threads() == 3 and later == [3]
+        assert torch.get_num_threads() == 3 and later == 3
     finally:
         torch.set_num_threads(saved)
