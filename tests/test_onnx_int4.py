@@ -68,6 +68,57 @@ def test_our_packing_is_onnx_runtimes_matmul_nbits_layout(rows):
     np.testing.assert_allclose(unpack_matmul_nbits(*theirs, rows), dequantized(*rtn(weight)), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows", [64, 96])
+def test_symmetric_round_to_nearest_is_onnx_runtimes_symmetric_quantizer(rows):
+    """The speed-first layout (`int4_symmetric`): no zero points, MatMulNBits assumes 8; ONNX Runtime's quantizer puts
+    each block's largest magnitude on -8 with a signed scale. Ours must store the same bytes."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, DefaultWeightOnlyQuantizer
+
+    _import_quantizer()
+    weight = np.random.default_rng(1).standard_normal((rows, 5)).astype(np.float32)
+    config = DefaultWeightOnlyQuantConfig(block_size=BLOCK, is_symmetric=True, bits=4)
+    theirs = DefaultWeightOnlyQuantizer(config).qbits_block_quant(weight)
+    blocks = torch.tensor(weight, dtype=torch.float64).reshape(-1, BLOCK, weight.shape[1])
+    scales, zeros = rtn_grid(blocks, symmetric=True)
+    integers = torch.clamp(torch.round(blocks / scales[:, None] + zeros[:, None]), 0, 15).reshape(rows, -1)
+    assert (zeros == 8).all() and (scales < 0).any() and (scales > 0).any()
+    ours = pack_matmul_nbits(
+        integers.numpy().astype(np.uint8), scales.numpy().astype(np.float32), zeros.numpy().astype(np.uint8), BLOCK
+    )
+    np.testing.assert_array_equal(ours[0], theirs[0])
+    np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-6)
+
+
+def test_symmetric_search_never_loses_to_symmetric_round_to_nearest_and_keeps_the_zero_point():
+    weight = np.random.default_rng(2).standard_t(4, (4 * BLOCK, 16)).astype(np.float32)  # heavy tails, as trained
+    integers, scales, zeros = search_quantize(weight, BLOCK, symmetric=True)
+    assert (zeros == 8).all() and integers.max() <= 15
+    blocks = torch.tensor(weight, dtype=torch.float64).reshape(-1, BLOCK, 16)
+    rtn_scales, _ = rtn_grid(blocks, symmetric=True)
+    rounded = (torch.clamp(torch.round(blocks / rtn_scales[:, None]) + 8, 0, 15) - 8) * rtn_scales[:, None]
+
+    def block_errors(quantized):
+        return np.square(np.asarray(quantized).reshape(4, BLOCK, 16) - weight.reshape(4, BLOCK, 16)).sum(axis=1)
+
+    searched = block_errors(dequantized(integers, scales, zeros))
+    assert (searched <= block_errors(rounded) * (1 + 1e-4)).all()
+    assert searched.sum() < block_errors(rounded).sum()
+
+
+def test_a_symmetric_int4_export_stores_no_zero_points_and_validates(tmp_path):
+    model = build_model(VaswaniForCausalLM, tiny_decoder_config(num_hidden_layers=1))
+    model.save_pretrained(tmp_path / "model")
+    assert main(["export", "--model", str(tmp_path / "model"), "--output", str(tmp_path / "out"), "--quantize", "int4",
+                 "--int4-symmetric", "--int4-8bit-budget", "0"]) == 0  # fmt: skip
+    manifest = load_manifest(tmp_path / "out")
+    assert manifest["quantization_options"]["symmetric"] and manifest["validation"]["passed"]
+    graph = onnx.load(str(tmp_path / "out" / "model.onnx"), load_external_data=False).graph
+    four_bit = [node for node in graph.node if node.op_type == "MatMulNBits" and node.attribute and
+                any(a.name == "bits" and a.i == 4 for a in node.attribute)]  # fmt: skip
+    # A, B, scales, and no zero points (an empty name where a bias follows)
+    assert four_bit and all(len(node.input) == 3 or node.input[3] == "" for node in four_bit)
+
+
 def lattice_weight_and_inputs(seed: int = 0):
     """A weight whose blocks already sit on a 4-bit grid with a float offset (a checkpoint once stored as Q4_1), and
     correlated inputs with a mean (as after a norm): calibration and held-out samples of the same distribution."""
@@ -326,8 +377,17 @@ def test_the_default_budget_scores_but_buys_nothing_smaller_than_a_matrix(traine
         (["--quantize", "int8", "--int4-8bit-budget", "0.1"], "int4_8bit_budget=0.1 needs quantize='int4'"),
         (["--quantize", "int4", "--int4-8bit-budget", "1.5"], "is a fraction of the 4-bit weights' bytes in [0, 1)"),
         (["--quantize", "int8", "--int4-head-bits", "4"], "int4_head_bits=4 needs quantize='int4'"),
+        (["--quantize", "int8", "--int4-symmetric"], "int4_symmetric applies to quantize='int4' only"),
     ],
-    ids=["int8", "unquantized", "mlp_out_bits_with_int8", "budget_with_int8", "budget_past_1", "head_bits_with_int8"],
+    ids=[
+        "int8",
+        "unquantized",
+        "mlp_out_bits_with_int8",
+        "budget_with_int8",
+        "budget_past_1",
+        "head_bits_with_int8",
+        "symmetric_with_int8",
+    ],
 )
 def test_int4_method_outside_int4_is_a_clear_error(tmp_path, capsys, options, message):
     model = build_model(VaswaniForCausalLM, tiny_decoder_config(num_hidden_layers=1))

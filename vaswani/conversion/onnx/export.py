@@ -222,6 +222,7 @@ def export_onnx(
     int4_mlp_out_bits: int | None = None,
     int4_8bit_budget: float | None = None,
     int4_head_bits: int | None = None,
+    int4_symmetric: bool | None = None,
     calibration_text: str | None = None,
     attention: str = "auto",
     overwrite: bool = False,
@@ -265,6 +266,9 @@ def export_onnx(
             says so, and an explicit budget is an error. 0 turns it off.
         int4_head_bits: bits of the LM head of an int4 export: 8 (default) or 4 (onnxruntime-genai's layout:
             smaller, lossier).
+        int4_symmetric: True stores one scale per block and no zero points (zero at the middle of the 4-bit
+            range): MatMulNBits' faster kernels, at a cost in perplexity (docs/results/int4_domains.md). Default False:
+            a scale and a zero point per block.
         calibration_text: the text "gptq" and the 8-bit budget run the model on (default: the package's own corpus,
             `vaswani.data.corpus_text()`, of which the first tokens are used); tokenized with the tokenizer copied
             beside the model, which calibration needs.
@@ -303,7 +307,14 @@ def export_onnx(
     quantization = None
     if quantize is not None:
         quantization = quantization_format(
-            quantize, block_size, accuracy_level, int4_method, int4_mlp_out_bits, int4_8bit_budget, int4_head_bits
+            quantize,
+            block_size,
+            accuracy_level,
+            int4_method,
+            int4_mlp_out_bits,
+            int4_8bit_budget,
+            int4_head_bits,
+            int4_symmetric,
         )
         if dtype != "fp32" or device != "cpu":
             raise ValueError(
@@ -312,7 +323,15 @@ def export_onnx(
             )
     elif any(
         option is not None
-        for option in (block_size, accuracy_level, int4_method, int4_mlp_out_bits, int4_8bit_budget, int4_head_bits)
+        for option in (
+            block_size,
+            accuracy_level,
+            int4_method,
+            int4_mlp_out_bits,
+            int4_8bit_budget,
+            int4_head_bits,
+            int4_symmetric,
+        )
     ):
         raise ValueError(
             "block_size, accuracy_level and the int4 options apply to quantized exports: pass quantize='int8' or "
@@ -365,6 +384,7 @@ def export_onnx(
             quantization.block_size,
             explicit=int4_8bit_budget is not None,
             say=say,
+            symmetric=quantization.symmetric,
         )
         if row_scores is None:  # the default budget could not be spent: the manifest says 0, as the graph is
             quantization = replace(quantization, eight_bit_budget=0.0)

@@ -136,11 +136,19 @@ def calibrate(
     return hessians
 
 
-def rtn_grid(block: torch.Tensor, bits: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per column of a block of rows [..., rows, N] (any leading axes: several blocks at once): the asymmetric scale
-    and integer zero point [..., N] of round to nearest from the block's range (extended to include 0, as ONNX Runtime
-    does, so that 0 is exact)."""
+def rtn_grid(block: torch.Tensor, bits: int = 4, symmetric: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per column of a block of rows [..., rows, N] (any leading axes: several blocks at once): the scale and integer
+    zero point [..., N] of round to nearest from the block's range, as ONNX Runtime's quantizer takes them.
+    Asymmetric: the range extended to include 0, so that 0 is exact. Symmetric: the zero point is fixed at the middle
+    (8 of 0..15, which `MatMulNBits` assumes when a graph stores none) and the scale is signed, so that the block's
+    largest magnitude lands on the wider side of the grid (-8, not 7)."""
     levels = 2**bits - 1
+    if symmetric:
+        half = 2 ** (bits - 1)
+        high, low = block.amax(dim=-2), block.amin(dim=-2)
+        scale = torch.where(high.abs() > low.abs(), high, low) / -half
+        scale = torch.where(scale != 0, scale, torch.ones_like(scale))
+        return scale, torch.full_like(scale, half)
     low = block.amin(dim=-2).clamp(max=0)
     high = block.amax(dim=-2).clamp(min=0)
     scale = (high - low) / levels
@@ -149,8 +157,10 @@ def rtn_grid(block: torch.Tensor, bits: int = 4) -> tuple[torch.Tensor, torch.Te
     return scale, zero
 
 
-def gptq(weight: np.ndarray, hessian: np.ndarray, block_size: int, bits: int = 4) -> tuple[np.ndarray, ...]:
-    """GPTQ of a MatMul weight [K, N] (x @ weight) with block-wise asymmetric grids of `block_size` input rows.
+def gptq(
+    weight: np.ndarray, hessian: np.ndarray, block_size: int, bits: int = 4, symmetric: bool = False
+) -> tuple[np.ndarray, ...]:
+    """GPTQ of a MatMul weight [K, N] (x @ weight) with block-wise grids (`rtn_grid`) of `block_size` input rows.
 
     Returns the integers [K, N] (uint8, 0..2^bits-1), scales and zero points [K / block_size, N]. Each block's grid is
     RTN's, taken from the block's rows as GPTQ has updated them when it reaches the block.
@@ -175,7 +185,7 @@ def gptq(weight: np.ndarray, hessian: np.ndarray, block_size: int, bits: int = 4
         for row in range(start, end):
             if row % block_size == 0:
                 block = row // block_size
-                scales[block], zeros[block] = rtn_grid(w[row : row + block_size], bits)
+                scales[block], zeros[block] = rtn_grid(w[row : row + block_size], bits, symmetric)
             scale, zero = scales[row // block_size], zeros[row // block_size]
             q = torch.clamp(torch.round(w[row] / scale + zero), 0, levels)
             integers[row] = q.to(torch.uint8)
@@ -196,19 +206,20 @@ SCALE_FACTORS = (
 ZERO_SHIFTS = (-1, 0, 1)
 
 
-def search_grid(block: torch.Tensor, bits: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+def search_grid(block: torch.Tensor, bits: int = 4, symmetric: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Per column of a block of rows [..., rows, N] (any leading axes: several blocks at once), the scale and integer
     zero point [..., N], RTN's or one of `SCALE_FACTORS` x `ZERO_SHIFTS` around it, whose round to nearest leaves the
-    smallest sum of squared errors. RTN's own grid is a candidate, so no block's error exceeds RTN's."""
+    smallest sum of squared errors. RTN's own grid is a candidate, so no block's error exceeds RTN's. Symmetric grids
+    keep their fixed zero point and search the scale only."""
     levels = 2**bits - 1
-    scale_rtn, zero_rtn = rtn_grid(block, bits)
+    scale_rtn, zero_rtn = rtn_grid(block, bits, symmetric)
     low = block.amin(dim=-2).clamp(max=0)
     best_loss = torch.full_like(scale_rtn, float("inf"))
     best_scale, best_zero = scale_rtn.clone(), zero_rtn.clone()
     for factor in SCALE_FACTORS:
         scale = scale_rtn * factor
-        center = zero_rtn if factor == 1.0 else torch.round(-low / scale)
-        for shift in ZERO_SHIFTS:
+        center = zero_rtn if factor == 1.0 or symmetric else torch.round(-low / scale)
+        for shift in (0,) if symmetric else ZERO_SHIFTS:
             zero = (center + shift).clamp(0, levels)
             grid_scale, grid_zero = scale.unsqueeze(-2), zero.unsqueeze(-2)
             error = (
@@ -222,14 +233,16 @@ def search_grid(block: torch.Tensor, bits: int = 4) -> tuple[torch.Tensor, torch
     return best_scale, best_zero
 
 
-def search_quantize(weight: np.ndarray, block_size: int, bits: int = 4) -> tuple[np.ndarray, ...]:
+def search_quantize(
+    weight: np.ndarray, block_size: int, bits: int = 4, symmetric: bool = False
+) -> tuple[np.ndarray, ...]:
     """Round to nearest on each block's `search_grid` grid. Returns the integers [K, N], scales and zero points
     [K / block_size, N], as `gptq`."""
     levels = 2**bits - 1
     rows, columns = weight.shape
     # Every block at once [blocks, block_size, N]: a few large tensor ops instead of many small ones per block.
     blocks = torch.tensor(weight, dtype=torch.float32).reshape(rows // block_size, block_size, columns)
-    scales, zeros = search_grid(blocks, bits)
+    scales, zeros = search_grid(blocks, bits, symmetric)
     integers = torch.clamp(torch.round(blocks / scales.unsqueeze(1) + zeros.unsqueeze(1)), 0, levels)
     return (
         integers.reshape(rows, columns).to(torch.uint8).numpy(),
@@ -282,10 +295,11 @@ def int4_node_quantizer(config, method: str, hessians: dict[str, np.ndarray] | N
             if self.config.bits != 4 or fp32weight.shape[0] % block_size or (method == "gptq" and hessian is None):
                 return super().qbits_block_quant(fp32weight)
             # Runs on the caller's torch threads (`vaswani export` gives itself one: see set_command_threads).
+            symmetric = self.config.is_symmetric  # then the graph stores no zero points: MatMulNBits assumes 8
             if method == "gptq":
-                integers, scales, zeros = gptq(fp32weight, hessian, block_size, bits=4)
+                integers, scales, zeros = gptq(fp32weight, hessian, block_size, bits=4, symmetric=symmetric)
             else:
-                integers, scales, zeros = search_quantize(fp32weight, block_size, bits=4)
+                integers, scales, zeros = search_quantize(fp32weight, block_size, bits=4, symmetric=symmetric)
             return pack_matmul_nbits(integers, scales, zeros, block_size)
 
     return Int4Quantizer(config)

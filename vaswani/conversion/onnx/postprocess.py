@@ -102,6 +102,7 @@ def quantization_format(
     mlp_out_bits: int | None = None,
     eight_bit_budget: float | None = None,
     head_bits: int | None = None,
+    symmetric: bool | None = None,
 ):
     """The `WeightQuantization` of a `quantize=` argument with its options, or a ValueError naming the choices.
     int4 gets `DEFAULT_EIGHT_BIT_BUDGET` unless `eight_bit_budget` says otherwise."""
@@ -120,6 +121,10 @@ def quantization_format(
         )
     if head_bits is not None and (quantize != "int4" or head_bits not in (4, 8)):
         raise ValueError(f"int4_head_bits={head_bits} needs quantize='int4' and is 4 or 8.")
+    if symmetric is not None and quantize != "int4":
+        raise ValueError(
+            f"int4_symmetric applies to quantize='int4' only (int8 is always symmetric), not {quantize!r}."
+        )
     if quantize == "int4":
         method = method or DEFAULT_INT4_METHOD
         eight_bit_budget = DEFAULT_EIGHT_BIT_BUDGET if eight_bit_budget is None else eight_bit_budget
@@ -136,6 +141,7 @@ def quantization_format(
         "narrowing_bits": mlp_out_bits,
         "eight_bit_budget": eight_bit_budget,
         "head_bits": head_bits,
+        "symmetric": symmetric,
     }
     return replace(QUANTIZATIONS[quantize], **{key: value for key, value in overrides.items() if value is not None})
 

@@ -71,14 +71,17 @@ def _model_inputs(model: nn.Module, ids: torch.Tensor) -> dict[str, torch.Tensor
     return inputs
 
 
-def fisher_row_scores(model: nn.Module, windows: list[np.ndarray], block_size: int, seed: int = 0) -> dict[int, float]:
+def fisher_row_scores(
+    model: nn.Module, windows: list[np.ndarray], block_size: int, seed: int = 0, symmetric: bool = False
+) -> dict[int, float]:
     """Per output row of every `nn.Linear` weight (keyed by `row_key`), how much rounding that row to 4 bits rather
     than 8 adds to the model's loss: sum over the row of F * (e4^2 - e8^2), F the diagonal Fisher information of
     the model's predictive distribution on `windows` ([1, length] token ids each).
 
     F is estimated per window as the square of the gradient of the log-likelihood of labels drawn from the model's
     own softmax. The draws make each token's gradient zero in expectation, so the square of their sum estimates the
-    sum of their squares without bias, at one backward pass per window.
+    sum of their squares without bias, at one backward pass per window. `symmetric`: the 4-bit grid has no zero
+    point (`int4_symmetric`).
     """
     # Not the LM head: it stays in 8 bits anyway, and its gradient would cost as much as the rest of the backward.
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -108,7 +111,7 @@ def fisher_row_scores(model: nn.Module, windows: list[np.ndarray], block_size: i
     for weight, information in zip(weights, fisher):
         w = weight.detach().float()
         gain = information * (
-            rounding_error(w, 4, block_size, symmetric=False).square()
+            rounding_error(w, 4, block_size, symmetric=symmetric).square()
             - rounding_error(w, 8, block_size, symmetric=True).square()
         )
         for row, score in zip(w.numpy(), gain.sum(1).tolist()):
@@ -156,6 +159,7 @@ def export_row_scores(
     block_size: int,
     explicit: bool,
     say: Callable[[str], None],
+    symmetric: bool = False,
 ) -> dict[int, float] | None:
     """`fisher_row_scores` of a model being exported with an 8-bit budget, on calibration text tokenized with the
     tokenizer in `folder`; None when the budget cannot be spent: no output head to score, no tokenizer, or one
@@ -183,4 +187,4 @@ def export_row_scores(
     if largest >= vocabulary:
         return refuse(f"the tokenizer's id {largest} is outside the model's vocabulary of {vocabulary}")
     say(f"Scoring int4 sensitivity: Fisher information on {sum(w.shape[1] for w in windows)} calibration tokens")
-    return fisher_row_scores(model, windows, block_size)
+    return fisher_row_scores(model, windows, block_size, symmetric=symmetric)
