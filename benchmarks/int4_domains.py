@@ -10,10 +10,16 @@ technical = docs/results/real_model_text.txt, legal and dialogue = benchmarks/te
 `vaswani/perplexity.py` and `vaswani/loading.py`, stories = a story corpus generated with another seed than the
 bundled one (`examples/make_corpus.py --seed 7`; the int4 calibration reads the bundled stories, so this domain is
 the nearest to it). Perplexity is `vaswani.perplexity`'s: strided windows of `--context` tokens, `--stride` apart.
+
+`--speed-rounds N` also times each build with `vaswani bench` (batch 1 and 8, 128-token prompts, 64 new tokens), each
+run in a process of its own, the builds in a rotated order for N rounds; a build's figure is its median over rounds
+and its speed ratio to the first quantized build is the median of the per-round ratios (what a default's choice
+trades: bytes and speed against perplexity).
 """
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,12 +68,57 @@ def describe_build(folder: str) -> str:
     return what
 
 
+def bench_rounds(builds: dict[str, str], rounds: int, threads: int) -> dict[str, list[dict]]:
+    """`vaswani bench` of every build, each in its own process, in a rotated order per round: its JSON per round."""
+    results: dict[str, list[dict]] = {name: [] for name in builds}
+    names = list(builds)
+    with tempfile.TemporaryDirectory() as scratch:
+        for round_index in range(rounds):
+            for name in names[round_index % len(names) :] + names[: round_index % len(names)]:
+                output = Path(scratch) / "bench.json"
+                command = [sys.executable, "-m", "vaswani.cli", "bench", builds[name], "--batch-sizes", "1", "8"]
+                command += ["--new-tokens", "64", "--rounds", "1", "--threads", str(threads), "--json", str(output)]
+                subprocess.run(command, check=True, capture_output=True)
+                results[name].append(json.loads(output.read_text()))
+                row = results[name][-1]["rows"][0]
+                print(
+                    f"round {round_index + 1} {name}: {row['decode_tokens_per_s']:.1f} tokens/s at batch 1", flush=True
+                )
+    return results
+
+
+def speed_table(timings: dict[str, list[dict]], baseline: str) -> list[str]:
+    """Rows of the speed table: weight bytes, batch-1 and batch-8 decode and first-token time, medians over rounds,
+    and the median per-round ratio of batch-1 decode speed to `baseline`'s."""
+    rows = []
+    for name, runs in timings.items():
+
+        def median(index, key, runs=runs):
+            return statistics.median(run["rows"][index][key] for run in runs)
+
+        ratios = [
+            run["rows"][0]["decode_tokens_per_s"] / base["rows"][0]["decode_tokens_per_s"]
+            for run, base in zip(runs, timings[baseline])
+        ]
+        cells = [
+            name,
+            f"{runs[0]['weight_bytes'] / 1e6:.1f}",
+            f"{median(0, 'decode_tokens_per_s'):.1f}",
+            f"{statistics.median(ratios):.2f}",
+            f"{median(1, 'decode_tokens_per_s'):.1f}",
+            f"{median(0, 'time_to_first_token_s') * 1e3:.0f}",
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", action="append", required=True, metavar="NAME=FOLDER", help="first: the reference")
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--stride", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--speed-rounds", type=int, default=0, help="also time each build with vaswani bench")
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
@@ -87,6 +138,8 @@ def main() -> None:
             raw["tokens"][domain] = result.tokens
             print(f"{name} {domain}: {result.describe()}", flush=True)
     reference, *others = builds
+    if args.speed_rounds:
+        raw["bench"] = bench_rounds(builds, args.speed_rounds, args.threads)
     raw["model"] = "SmolLM2-135M-Instruct, exported by vaswani export (the builds' manifests say how)"
     rows = []
     for domain in texts:
@@ -117,6 +170,20 @@ def main() -> None:
             *rows,
         ]
     )
+    if args.speed_rounds:
+        baseline = others[0] if others else reference
+        report += "\n".join(
+            [
+                "",
+                "",
+                f"**Speed** (`vaswani bench`, {args.threads} threads, 128-token prompts, 64 new tokens; medians of "
+                f"{args.speed_rounds} rounds, each build in its own process; ratio: batch-1 decode against {baseline})",
+                "",
+                "| build | weights MB | batch 1 tokens/s | ratio | batch 8 tokens/s | first token ms |",
+                "|---|---:|---:|---:|---:|---:|",
+                *speed_table(raw["bench"], baseline),
+            ]
+        )
     print(write(from_markdown(report, raw, threads=args.threads), args.json, args.markdown))
 
 

@@ -29,7 +29,11 @@ from vaswani.conversion.onnx.int4 import (  # noqa: E402
     unpack_matmul_nbits,
 )
 from vaswani.conversion.onnx.postprocess import _import_quantizer  # noqa: E402
-from vaswani.conversion.onnx.sensitivity import fisher_row_scores, row_key  # noqa: E402
+from vaswani.conversion.onnx.sensitivity import (  # noqa: E402
+    fisher_row_scores,
+    recorded_input_mean_squares,
+    row_key,
+)
 from vaswani.data import corpus_text  # noqa: E402
 from vaswani.tokenization import corpus_tokenizer  # noqa: E402
 
@@ -156,6 +160,37 @@ def test_search_never_loses_to_round_to_nearest_per_block_and_wins_on_offset_gri
     searched, rounded = block_errors(dequantized(integers, scales, zeros)), block_errors(dequantized(*rtn(weight)))
     assert (searched <= rounded * (1 + 1e-4)).all()  # RTN is a candidate (float32 vs float64 rounding aside)
     assert searched.sum() < 0.8 * rounded.sum()
+
+
+def test_search_weighted_by_input_rms_lowers_the_error_the_outputs_see():
+    """Rows read by large inputs count more: against the unweighted search, the output error on inputs of that
+    scale is no larger per block and smaller in all."""
+    rng = np.random.default_rng(3)
+    weight = rng.standard_t(4, (4 * BLOCK, 16)).astype(np.float32)
+    mean_squares = np.exp(rng.normal(0, 1.5, 4 * BLOCK)).astype(np.float32)  # a few loud channels, as after a norm
+    inputs = rng.standard_normal((2048, 4 * BLOCK)) * np.sqrt(mean_squares)
+    weighted = dequantized(*search_quantize(weight, BLOCK, input_mean_squares=mean_squares))
+    plain = dequantized(*search_quantize(weight, BLOCK))
+
+    def output_error(quantized):
+        return np.linalg.norm(inputs @ (quantized - weight))
+
+    assert output_error(weighted) < 0.95 * output_error(plain)
+
+
+def test_recorded_input_mean_squares_are_each_projections_normed_input():
+    """The oracle: the hidden states transformers returns, through the layer's own input norm, are what q/k/v read."""
+    model = build_model(VaswaniForCausalLM, tiny_decoder_config(num_hidden_layers=2)).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 12))
+    with torch.no_grad(), recorded_input_mean_squares(model) as mean_squares:
+        hidden = model(input_ids=ids, output_hidden_states=True).hidden_states
+    for index, layer in enumerate(model.model.layers):
+        with torch.no_grad():
+            normed = layer.self_attn_norm(hidden[index]).reshape(-1, model.config.hidden_size)
+        expected = normed.double().square().mean(0).float().numpy()
+        for projection in (layer.self_attn.q_proj, layer.self_attn.v_proj):
+            row = projection.weight.detach().float().numpy()[0]
+            np.testing.assert_allclose(mean_squares[row_key(row)], expected, rtol=1e-4)
 
 
 # ------------------------------------------------------------------------------------ exported models

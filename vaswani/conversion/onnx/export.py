@@ -374,9 +374,9 @@ def export_onnx(
         module = task_model(model, task)
         export_model = cast_model(module, DTYPES[dtype], device)
     family = family_of(module.config)
-    row_scores = None
+    row_scores = input_mean_squares = None
     if quantization is not None and quantization.bits == 4 and quantization.eight_bit_budget > 0:
-        row_scores = export_row_scores(
+        calibration = export_row_scores(
             export_model,
             tokenizer_folder,
             calibration_text,
@@ -386,8 +386,10 @@ def export_onnx(
             say=say,
             symmetric=quantization.symmetric,
         )
-        if row_scores is None:  # the default budget could not be spent: the manifest says 0, as the graph is
+        if calibration is None:  # the default budget could not be spent: the manifest says 0, as the graph is
             quantization = replace(quantization, eight_bit_budget=0.0)
+        else:
+            row_scores, input_mean_squares = calibration
     form = {"attention_form": "portable"}
 
     with staged_folder(output_dir) as staging:
@@ -415,6 +417,10 @@ def export_onnx(
                 if row_scores is not None:
                     manifest["quantization_options"]["eight_bit_matmuls"] = eight_bit_matmuls
                     manifest["quantization_options"]["unscored_matmuls"] = unscored_matmuls
+                # Whether `search` weighed rows by their inputs' RMS on the calibration text (int4.search_quantize).
+                manifest["quantization_options"]["input_weighted"] = bool(
+                    input_mean_squares and stage_quantization.bits == 4 and stage_quantization.method == "search"
+                )
             if task == "text-generation":
                 manifest.update(form)
             write_manifest(staging, manifest)
@@ -442,7 +448,7 @@ def export_onnx(
                 method = f", {quantization.method}" if quantization.bits == 4 else ""
                 say(f"Quantizing graph {spec.name!r} ({quantization.name}{method}, block {quantization.block_size})")
                 eight_bit_matmuls[spec.name], unscored_matmuls[spec.name] = quantize_graph(
-                    staging / spec.file, quantization, hessians.get(spec.name), row_scores
+                    staging / spec.file, quantization, hessians.get(spec.name), row_scores, input_mean_squares
                 )
                 if unscored_matmuls[spec.name]:
                     say(

@@ -249,6 +249,7 @@ def quantize_graph(
     quantization: WeightQuantization,
     hessians: dict[str, np.ndarray] | None = None,
     row_scores: dict[int, float] | None = None,
+    input_mean_squares: dict[int, np.ndarray] | None = None,
 ) -> tuple[list[str], list[str]]:
     """Weight-only block-wise quantization of every weight MatMul, in place; returns the names of the body MatMuls
     kept in 8 bits by sensitivity (`quantization.eight_bit_budget` with `row_scores`, see `sensitivity.py`), and of
@@ -264,7 +265,8 @@ def quantize_graph(
     `quantization.method` chooses the 4-bit integers (`int4.py`); the nodes, their layout and so the speed are round to
     nearest's. The calibrated one (`gptq`) takes `hessians`, the second moments of each MatMul's input on calibration
     text (`int4.calibrate`, keyed by the input's name). `row_scores` (`sensitivity.fisher_row_scores`) rank the
-    4-bit matrices for the 8-bit budget; without them every body matrix stays in `bits`.
+    4-bit matrices for the 8-bit budget; without them every body matrix stays in `bits`. `input_mean_squares`
+    (`sensitivity.recorded_input_mean_squares`, from the same calibration pass) weigh `search`'s rows.
     """
     if quantization.calibrated and hessians is None:
         raise ValueError(f"int4 method {quantization.method!r} needs calibration statistics (int4.calibrate).")
@@ -291,7 +293,9 @@ def quantize_graph(
     for bits, nodes in passes:
         quantizer = MatMulNBitsQuantizer(model, algo_config=quantization.algorithm_config(bits), **nodes)
         if quantization.method != "rtn":
-            quantizer.node_quantizer = int4_node_quantizer(quantizer.algo_config, quantization.method, hessians)
+            quantizer.node_quantizer = int4_node_quantizer(
+                quantizer.algo_config, quantization.method, hessians, input_mean_squares
+            )
         quantizer.process()
         model = quantizer.model.model
     # Shapes recorded for the float graph are stale once MatMuls become MatMulNBits.

@@ -18,7 +18,8 @@ fused (q/k/v, gate/up) or transposed ONNX weight finds the rows it holds:
 """
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ import onnx
 import torch
 from torch import nn
 
-from .int4 import calibration_windows
+from .int4 import calibration_windows, row_key
 
 # Tokens of calibration text the Fisher information is estimated on, in windows of this many tokens. The ranking of
 # matrices settles by about a thousand tokens (each window's gradient sums many tokens' independent draws).
@@ -58,9 +59,31 @@ def rounding_error(weight: torch.Tensor, bits: int, block_size: int, symmetric: 
     return (blocks - quantized).reshape(rows, -1)[:, :columns]
 
 
-def row_key(row: np.ndarray) -> int:
-    """A row of float32 weights by content, as `fisher_row_scores` and `choose_eight_bit_matmuls` key it."""
-    return hash(np.ascontiguousarray(row, dtype=np.float32).tobytes())
+@contextmanager
+def recorded_input_mean_squares(model: nn.Module) -> Iterator[dict[int, np.ndarray]]:
+    """While the block runs the model, the mean square of each input feature of every `nn.Linear`; on leaving it, the
+    yielded dict maps `row_key` of each of the Linear's weight rows to those [in_features] float32 values (the
+    inputs of the fused ONNX weight that holds the row). `int4.search_quantize` weighs rows by them."""
+    sums: dict[nn.Linear, list] = {}
+
+    def accumulate(linear: nn.Linear, args: tuple) -> None:
+        x = args[0].detach().reshape(-1, args[0].shape[-1]).double()
+        total = sums.setdefault(linear, [torch.zeros(x.shape[-1], dtype=torch.float64), 0])
+        total[0] += x.square().sum(0)
+        total[1] += x.shape[0]
+
+    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
+    hooks = [linear.register_forward_pre_hook(accumulate) for linear in linears]
+    by_row: dict[int, np.ndarray] = {}
+    try:
+        yield by_row
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for linear, (total, count) in sums.items():
+        mean_squares = (total / count).float().numpy()
+        for row in linear.weight.detach().float().numpy():
+            by_row[row_key(row)] = mean_squares
 
 
 def _model_inputs(model: nn.Module, ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -160,11 +183,12 @@ def export_row_scores(
     explicit: bool,
     say: Callable[[str], None],
     symmetric: bool = False,
-) -> dict[int, float] | None:
+) -> tuple[dict[int, float], dict[int, np.ndarray]] | None:
     """`fisher_row_scores` of a model being exported with an 8-bit budget, on calibration text tokenized with the
-    tokenizer in `folder`; None when the budget cannot be spent: no output head to score, no tokenizer, or one
-    whose ids do not fit the model's vocabulary. Then an explicit budget (`explicit`) is a ValueError, and the
-    default one says why and leaves every body matrix in 4 bits."""
+    tokenizer in `folder`, and the mean squares of every Linear's input over the same pass
+    (`recorded_input_mean_squares`); None when the budget cannot be spent: no output head to score, no tokenizer,
+    or one whose ids do not fit the model's vocabulary. Then an explicit budget (`explicit`) is a ValueError, and
+    the default one says why and leaves every body matrix in 4 bits."""
 
     def refuse(reason: str) -> None:
         if explicit:
@@ -187,4 +211,6 @@ def export_row_scores(
     if largest >= vocabulary:
         return refuse(f"the tokenizer's id {largest} is outside the model's vocabulary of {vocabulary}")
     say(f"Scoring int4 sensitivity: Fisher information on {sum(w.shape[1] for w in windows)} calibration tokens")
-    return fisher_row_scores(model, windows, block_size, symmetric=symmetric)
+    with recorded_input_mean_squares(model) as input_mean_squares:
+        scores = fisher_row_scores(model, windows, block_size, symmetric=symmetric)
+    return scores, input_mean_squares
