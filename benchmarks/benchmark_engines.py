@@ -88,7 +88,7 @@ SYSTEMS = {
     "vaswani ORT int4": ("vaswani-ort", "4-bit", "vaswani-onnx-int4"),
     "vaswani ORT int4, portable": ("vaswani-ort", "4-bit", "vaswani-onnx-int4-portable"),
     "vaswani ORT int4, --int4-mlp-out-bits 8": ("vaswani-ort", "4-bit", "vaswani-onnx-int4-mlp8"),
-    # The int4 default keeps the matrices most sensitive to rounding in 8 bits within 4% more bytes; these are the
+    # The int4 default keeps the matrices most sensitive to rounding in 8 bits within 30% more bytes; these are the
     # all-4-bit body (the earlier default) and onnxruntime-genai's layout (the LM head in 4 bits too).
     "vaswani ORT int4, --int4-8bit-budget 0": ("vaswani-ort", "4-bit", "vaswani-onnx-int4-budget0"),
     "vaswani ORT int4, --int4-head-bits 4": ("vaswani-ort", "4-bit", "vaswani-onnx-int4-head4"),

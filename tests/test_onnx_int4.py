@@ -30,6 +30,7 @@ from vaswani.conversion.onnx.int4 import (  # noqa: E402
 )
 from vaswani.conversion.onnx.postprocess import _import_quantizer  # noqa: E402
 from vaswani.conversion.onnx.sensitivity import (  # noqa: E402
+    DEFAULT_EIGHT_BIT_BUDGET,
     fisher_row_scores,
     recorded_input_mean_squares,
     row_key,
@@ -228,7 +229,7 @@ def trained(tmp_path_factory):
         for method in METHODS
     }
     exports["search, mlp out 8-bit"] = export_onnx(
-        folder, folder.parent / "mlp8", "text-generation", quantize="int4", int4_mlp_out_bits=8
+        folder, folder.parent / "mlp8", "text-generation", quantize="int4", int4_mlp_out_bits=8, int4_8bit_budget=0
     )
     for budget in (0.0, BUDGET):
         exports[f"budget {budget}"] = export_onnx(
@@ -237,8 +238,8 @@ def trained(tmp_path_factory):
     return model, tokenizer, exports
 
 
-# A budget that buys a few of the tiny model's matrices (its default 4% buys none: each is 5-20% of the bytes).
-BUDGET = 0.3
+# A budget other than the default that buys a few of the tiny model's matrices (each is 5-20% of the bytes).
+BUDGET = 0.15
 
 
 @pytest.mark.slow  # a trained model and six int4 exports (29 s); make test-slow and CI run it
@@ -396,11 +397,18 @@ def test_eight_bit_budget_keeps_the_listed_matmuls_in_8_bits_within_budget_and_c
 
 
 @pytest.mark.slow  # a trained model and six int4 exports (29 s); make test-slow and CI run it
-def test_the_default_budget_scores_but_buys_nothing_smaller_than_a_matrix(trained):
+def test_the_default_budget_buys_more_than_a_smaller_one_and_weighs_search_by_the_inputs(trained):
     _, _, exports = trained
     options = load_manifest(exports["search"].folder)["quantization_options"]
-    assert options["eight_bit_budget"] == 0.04 and options["eight_bit_matmuls"] == {"model": []}
-    assert sum(node["bits"] == 8 for node in nbits_of(exports["search"].folder)) == 1  # the head
+    smaller = load_manifest(exports[f"budget {BUDGET}"].folder)["quantization_options"]
+    assert options["eight_bit_budget"] == DEFAULT_EIGHT_BIT_BUDGET > BUDGET
+
+    def eight_bit_bytes(folder):
+        return sum(node["K"] * node["N"] for node in nbits_of(folder) if node["bits"] == 8)
+
+    assert eight_bit_bytes(exports["search"].folder) > eight_bit_bytes(exports[f"budget {BUDGET}"].folder)
+    assert options["input_weighted"] and smaller["input_weighted"]
+    assert not load_manifest(exports["budget 0.0"].folder)["quantization_options"]["input_weighted"]
 
 
 @pytest.mark.parametrize(

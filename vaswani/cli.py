@@ -124,7 +124,7 @@ def _add_export_parser(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         metavar="FRACTION",
         help="int4: bytes that 8-bit copies of the matrices most sensitive to rounding may add, as a fraction of the "
-        "4-bit weights (default 0.04; ranked by Fisher-weighted rounding error on the package's corpus, which needs the "
+        "4-bit weights (default 0.3; ranked by Fisher-weighted rounding error on the package's corpus, which needs the "
         "model's tokenizer; 0: every body matrix in 4 bits)",
     )
     parser.add_argument(

@@ -77,7 +77,8 @@ class WeightQuantization:
 # `quantize=` argument -> its format. Perplexity on SmolLM2-135M-Instruct (30 layers; docs/deployment.md, over 1,024
 # and 512 tokens of text): int8 +0.6% / +0.5%; int4 rounded to nearest +12.8% / +21.9% with an 8-bit head (+44% with
 # the head in 4 bits too), +12% over 512 tokens with `block_size=16`; int4 `search` +11.2% over 1,024 tokens, +2.4%
-# with `narrowing_bits=8`, +4.3% with the default 8-bit budget (`eight_bit_budget`, docs/results/int4_quality.md).
+# with `narrowing_bits=8`, +4.3% with an 8-bit budget of 0.04 (`eight_bit_budget`); the default budget on five domains:
+# docs/results/int4_domains.md.
 QUANTIZATIONS = {
     "int8": WeightQuantization("int8-weight-only", bits=8, symmetric=True),
     "int4": WeightQuantization("int4-weight-only", bits=4, symmetric=False),
@@ -117,7 +118,7 @@ def quantization_format(
     if eight_bit_budget is not None and (quantize != "int4" or not 0 <= eight_bit_budget < 1):
         raise ValueError(
             f"int4_8bit_budget={eight_bit_budget} needs quantize='int4' and is a fraction of the 4-bit weights' bytes "
-            f"in [0, 1): 0.04 (the default) adds 4%, 0 keeps every body matrix in 4 bits."
+            f"in [0, 1): 0.3 (the default) adds up to 30%, 0 keeps every body matrix in 4 bits."
         )
     if head_bits is not None and (quantize != "int4" or head_bits not in (4, 8)):
         raise ValueError(f"int4_head_bits={head_bits} needs quantize='int4' and is 4 or 8.")
