@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .cli import add_engine_arguments
+
 if TYPE_CHECKING:
     from .loading import LoadedFolder
 
@@ -270,6 +272,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after a warm-up; medians reported (3)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs (cpu)")
     parser.add_argument("--threads", type=int, help="intra-op threads (default: every core this process may use)")
+    add_engine_arguments(parser)
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the result as JSON to FILE")
 
 
@@ -284,12 +287,14 @@ def run(args: argparse.Namespace) -> int:
     from .loading import load_folder, set_command_threads
 
     try:
-        loaded = load_folder(args.folder, args.device, args.threads, task="text-generation")
+        loaded = load_folder(
+            args.folder, args.device, args.threads, "text-generation", args.engine, args.openvino_precision
+        )
         set_command_threads(loaded.form, args.threads)
         result = bench_folder(
             loaded, args.batch_sizes, args.prompt_tokens, args.new_tokens, args.rounds, args.device, args.threads
         )
-    except (ValueError, OSError) as error:
+    except (ValueError, OSError, ImportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(result.table())
