@@ -65,15 +65,20 @@ class BenchResult:
     bound_tokens_per_s: float
     rounds: int
     rows: list[BenchRow] = field(default_factory=list)
+    engine: str = "onnxruntime"  # what ran it: pytorch, onnxruntime, or the OpenVINO route (`--engine openvino`)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
+
+    @property
+    def engine_note(self) -> str:
+        return "" if self.engine == "onnxruntime" or self.form != "onnx" else f", {self.engine}"
 
     def table(self) -> str:
         """The result as a Markdown table, under a line naming the machine and the bound."""
         machine = self.machine
         lines = [
-            f"{self.folder} ({self.form} on {self.device}); {machine['cpu']}, {machine['cores']} cores, "
+            f"{self.folder} ({self.form} on {self.device}{self.engine_note}); {machine['cpu']}, {machine['cores']} cores, "
             f"{machine['threads']} threads; {machine['torch']}",
             f"weights {self.weight_bytes / 1e6:.1f} MB, memory bandwidth {self.bandwidth_bytes_per_s / 1e9:.1f} GB/s: "
             f"batch-1 decode bound {self.bound_tokens_per_s:.1f} tokens/s (median of {self.rounds} rounds)",
@@ -240,6 +245,11 @@ def bench_folder(
         bound_tokens_per_s=bound,
         rounds=rounds,
     )
+    provider = loaded.model.provider if loaded.form == "onnx" else ""
+    if loaded.form != "onnx":
+        result.engine = loaded.form
+    elif provider.startswith("OpenVINO"):  # openvino_engine.RoutedSession
+        result.engine = f"prompt steps in {provider}, one-token steps in ONNX Runtime"
     for batch_size in batch_sizes:
         prompts = random_prompts(batch_size, prompt_tokens, config.vocab_size, device)
         first, whole = [], []
