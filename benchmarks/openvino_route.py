@@ -43,6 +43,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from vaswani.benchmarking import bench_folder
     from vaswani.loading import load_folder
+    from vaswani.perplexity import model_perplexity
 
     torch.set_num_threads(1)  # as `vaswani bench` sets it for an ONNX folder (vaswani.loading.set_command_threads)
     system = SYSTEMS[args.system]
@@ -50,6 +51,11 @@ def worker(args: argparse.Namespace) -> None:
     if system.get("every_step"):
         session = loaded.model.graphs["model"].session
         session.step_session = session.prompt_session
+    perplexity = None
+    if args.perplexity_text:  # deterministic: once per system and export (round 1)
+        text = args.perplexity_text.read_text()
+        scored = model_perplexity(loaded.model, loaded.tokenizer, text, loaded.task, loaded.form, 512, 256, 2048)
+        perplexity = scored.perplexity
     prefill = bench_folder(loaded, (1,), args.prefill_tokens, 2, 1, threads=args.threads, bandwidth_megabytes=256)
     decode = bench_folder(
         loaded, (1, 8), args.decode_prompt_tokens, args.new_tokens, 1, threads=args.threads, bandwidth_megabytes=256
@@ -60,6 +66,7 @@ def worker(args: argparse.Namespace) -> None:
                 "provider": loaded.model.provider,
                 "ttft_s": prefill.rows[0].time_to_first_token_s,
                 "decode_tokens_per_s": {str(row.batch_size): row.decode_tokens_per_s for row in decode.rows},
+                "perplexity": perplexity,
                 "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                 **resident_bytes(),
             }
@@ -79,10 +86,12 @@ def resident_bytes() -> dict[str, int]:
     return fields
 
 
-def run_system(build: str, system: str, args: argparse.Namespace) -> dict:
+def run_system(build: str, system: str, args: argparse.Namespace, first_round: bool) -> dict:
     command = [sys.executable, __file__, "--worker", build, "--system", system, "--threads", str(args.threads)]
     command += ["--prefill-tokens", str(args.prefill_tokens), "--new-tokens", str(args.new_tokens)]
     command += ["--decode-prompt-tokens", str(args.decode_prompt_tokens)]
+    if args.perplexity_text and first_round:
+        command += ["--perplexity-text", str(args.perplexity_text)]
     result = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ), timeout=1800)
     if result.returncode:
         raise RuntimeError(f"{system} on {build} failed:\n{result.stderr[-3000:]}")
@@ -116,6 +125,10 @@ def tables(runs: dict, builds: dict[str, str]) -> list[dict]:
             rows.append(cells)
         columns = ["system", "runs prompts in", "time to first token", "speed-up", "decode tok/s, batch 1", "x ORT"]
         columns += ["decode tok/s, batch 8", "x ORT", "resident: anonymous + file-mapped"]
+        if rounds[0].get("perplexity") is not None:
+            columns.append("perplexity")
+            for row, system in zip(rows, SYSTEMS):
+                row.append(f"{runs[name][system][0]['perplexity']:.3f}")
         made.append(table(f"{name} ({builds[name]})", columns, rows))
     return made
 
@@ -128,6 +141,9 @@ def main() -> None:
     parser.add_argument("--prefill-tokens", type=int, default=512)
     parser.add_argument("--decode-prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=33, help="tokens per decode run (the first is prefill's)")
+    parser.add_argument(
+        "--perplexity-text", type=Path, help="also score this text once per system (its first 2048 tokens)"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -145,7 +161,7 @@ def main() -> None:
         for name in builds:
             systems = list(SYSTEMS)[shift:] + list(SYSTEMS)[:shift]
             for system in systems:
-                run = run_system(builds[name], system, args)
+                run = run_system(builds[name], system, args, round_index == 0)
                 runs[name][system].append(run)
                 print(f"round {round_index + 1}: {name} {system}: {json.dumps(run)}", flush=True)
     results = {
@@ -160,6 +176,13 @@ def main() -> None:
             "the process's resident set at the end (torch, both runtimes and the benchmark's buffers included), "
             "anonymous (allocated) + file-mapped (the weight file OpenVINO maps; page cache, shared and "
             "reclaimable)."
+            + (
+                f" Perplexity (once per system): the first 2048 tokens of {args.perplexity_text}, windows of 512 "
+                "tokens 256 apart; every window is a prompt step, so the route and OpenVINO alone score it in "
+                "OpenVINO."
+                if args.perplexity_text
+                else ""
+            )
         ],
         "tables": tables(runs, builds),
         "raw": {"settings": {k: v for k, v in vars(args).items() if k not in ("json", "markdown")}, "runs": runs},
