@@ -6,6 +6,7 @@ On a CPU without bfloat16 (AVX2 only) OpenVINO computes "bf16" in float32 or emu
 transformers' bfloat16 model on the same machine, so they hold either way."""
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -205,3 +206,22 @@ def test_serve_engine_openvino_answers_a_chat_like_offline_generate(tiny_chat_pa
     prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
     text, _ = offline_answer(offline, tokenizer, prompt, 12)
     assert response.json()["choices"][0]["message"]["content"] == text
+
+
+def test_bench_and_perplexity_commands_take_the_engine(exports, tmp_path, capsys):
+    """`vaswani bench --engine openvino` says in its JSON what ran; `vaswani perplexity --engine openvino` (f32) scores
+    the text as ONNX Runtime does (every window is a prompt step, so OpenVINO scores it)."""
+    folder = str(exports["portable"])
+    output = tmp_path / "bench.json"
+    settings = ["--batch-sizes", "1", "--prompt-tokens", "8", "--new-tokens", "3", "--rounds", "1", "--threads", "1"]
+    assert vaswani_cli(["bench", folder, "--engine", "openvino", *settings, "--json", str(output)]) == 0
+    engine = json.loads(output.read_text())["engine"]
+    assert engine.startswith("prompt steps in OpenVINO (") and engine.endswith("one-token steps in ONNX Runtime")
+    text = tmp_path / "text.txt"
+    text.write_text("Once upon a time there was a little cat who liked to sleep in the sun. " * 8)
+    scores = {}
+    for engine in ("onnxruntime", "openvino"):
+        flags = ["--engine", engine, "--openvino-precision", "f32", "--context", "32", "--stride", "16"]
+        assert vaswani_cli(["perplexity", folder, "--text", str(text), *flags, "--json", str(output)]) == 0
+        scores[engine] = json.loads(output.read_text())["perplexity"]
+    assert scores["openvino"] == pytest.approx(scores["onnxruntime"], rel=1e-4)
