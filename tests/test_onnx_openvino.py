@@ -25,7 +25,8 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("openvino")
 
 from vaswani.conversion.onnx import OnnxValidationError, OrtModelForCausalLM, export_onnx, validate_onnx_export  # noqa: E402
-from vaswani.conversion.onnx.openvino_engine import OpenVinoSession, openvino_precision  # noqa: E402
+from vaswani.conversion.onnx.contract import load_manifest  # noqa: E402
+from vaswani.conversion.onnx.openvino_engine import OpenVinoSession, chosen_engine, openvino_precision  # noqa: E402
 from vaswani.conversion.onnx.validation import TOLERANCES, allowed_difference  # noqa: E402
 
 
@@ -141,14 +142,23 @@ def test_validation_judges_openvino_by_the_exporters_rules(precision, tmp_path, 
         validate_onnx_export(exports["portable"], vaswani_model, engine="openvino", openvino_precision=precision)
 
 
-def test_precision_auto_is_bf16_exactly_where_openvino_lists_bf16():
+def test_auto_picks_bf16_and_the_openvino_route_exactly_where_openvino_lists_bf16(exports):
+    """Precision "auto" is bf16 where OpenVINO lists BF16 among the CPU's capabilities; engine "auto" takes the route
+    there for a portable export, and ONNX Runtime for the GroupQueryAttention form, elsewhere, or on CUDA."""
     import openvino
 
-    capabilities = openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-    assert openvino_precision("auto") == ("bf16" if "BF16" in capabilities else "f32")
+    has_bf16 = "BF16" in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    assert openvino_precision("auto") == ("bf16" if has_bf16 else "f32")
     assert openvino_precision("f32") == "f32"
     with pytest.raises(ValueError, match="'auto', 'f32', 'bf16'"):
         openvino_precision("fp16")
+    portable, gqa = (load_manifest(exports[name]) for name in ("portable", "gqa-int8"))
+    assert chosen_engine("auto", portable, "CPUExecutionProvider") == ("openvino" if has_bf16 else "onnxruntime")
+    assert chosen_engine("auto", gqa, "CPUExecutionProvider") == "onnxruntime"
+    assert chosen_engine("auto", portable, "CUDAExecutionProvider") == "onnxruntime"
+    assert chosen_engine("openvino", gqa, "CPUExecutionProvider") == "openvino"  # asked for: refused with the fix
+    model = OrtModelForCausalLM.from_pretrained(exports["portable"], engine="auto")
+    assert model.provider == ("OpenVINO (bf16)" if has_bf16 else "CPUExecutionProvider")
 
 
 def test_groupqueryattention_form_is_refused_with_the_fix(exports, capsys):
@@ -200,7 +210,7 @@ def test_serve_engine_openvino_answers_a_chat_like_offline_generate(tiny_chat_pa
         http.close()
         process.terminate()
         log = process.communicate(timeout=60)[0].decode()
-    assert "openvino (f32) for prompt steps, onnxruntime for decode steps" in log, log
+    assert "prompt steps in OpenVINO (f32), one-token steps in ONNX Runtime" in log, log
     tokenizer = AutoTokenizer.from_pretrained(tiny_chat_pair["pytorch"])
     offline = AutoModelForCausalLM.from_pretrained(tiny_chat_pair["pytorch"]).eval()
     prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])

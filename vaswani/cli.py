@@ -29,11 +29,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     serve). The names are spelled out here (not imported) so that `--help` loads no runtime."""
     parser.add_argument(
         "--engine",
-        choices=("onnxruntime", "openvino"),
+        choices=("onnxruntime", "openvino", "auto"),
         default="onnxruntime",
         help="what runs an ONNX export: onnxruntime, or openvino (text-generation on the CPU: prompt steps in OpenVINO, "
         "in bfloat16 where the CPU has AVX512_BF16 or AMX; one-token steps in ONNX Runtime; needs pip install "
-        "'vaswani[openvino]' and an export with --attention portable) (onnxruntime)",
+        "'vaswani[openvino]' and an export with --attention portable), or auto (openvino where that applies and the "
+        "CPU has bfloat16, else onnxruntime) (onnxruntime)",
     )
     parser.add_argument(
         "--openvino-precision",
@@ -351,10 +352,10 @@ def _run_serve(args: argparse.Namespace) -> int:
         max_waiting=args.max_waiting,
         prefill_chunk=args.prefill_chunk,
     )
-    if args.engine != "onnxruntime":
-        if args.ray or args.backend != "onnx":
-            print("error: --engine openvino serves an ONNX export without --ray (--backend onnx).", file=sys.stderr)
-            return 2
+    if args.engine == "openvino" and (args.ray or args.backend != "onnx"):
+        print("error: --engine openvino serves an ONNX export without --ray (--backend onnx).", file=sys.stderr)
+        return 2
+    if args.engine != "onnxruntime" and not args.ray and args.backend == "onnx":
         options.update(engine=args.engine, openvino_precision=args.openvino_precision)
     try:
         if args.ray:
@@ -417,11 +418,10 @@ def _serving_line(service, args: argparse.Namespace) -> str:
 
     folder = resolve_folder(args.folder)
     form = f"{args.backend} on {args.device}"
-    if args.engine != "onnxruntime":
-        from .conversion.onnx.openvino_engine import openvino_precision
-
-        precision = openvino_precision(args.openvino_precision)
-        form = f"openvino ({precision}) for prompt steps, onnxruntime for decode steps, on {args.device}"
+    model = getattr(service, "model", None) or getattr(getattr(service, "engine", None), "model", None)
+    provider = getattr(getattr(model, "model", model), "provider", "")  # a step model holds the OrtModel
+    if provider.startswith("OpenVINO"):  # --engine openvino (or auto, where it chose it)
+        form += f", prompt steps in {provider}, one-token steps in ONNX Runtime"
     manifest = folder / "manifest.json"
     if args.backend == "onnx" and manifest.is_file():
         described = json.loads(manifest.read_text())

@@ -113,7 +113,7 @@ def load_folder(
             openvino_precision=openvino_precision,
         )
         return LoadedFolder(model, tokenizer, found, "onnx", folder)
-    if engine != "onnxruntime":
+    if engine == "openvino":
         raise ValueError(f"{folder} is a PyTorch folder; engine={engine!r} runs ONNX exports (vaswani export).")
     model = TORCH_CLASSES[found].from_pretrained(folder).to(device).eval()
     return LoadedFolder(model, tokenizer, found, "pytorch", folder)

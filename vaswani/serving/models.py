@@ -196,7 +196,7 @@ def load_service(
             )
             scheduler = Engine(step_model(model), max_batch, max_waiting, prefill_chunk)
             return GenerationService(name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer))
-        if engine != "onnxruntime":
+        if engine == "openvino":
             raise ValueError(f"{folder} holds a {task!r} export; engine={engine!r} serves text-generation exports.")
         if task in ENCODER_TASKS:
             from ..conversion.onnx import OrtModelForFeatureExtraction, OrtModelForSequenceClassification
@@ -210,7 +210,7 @@ def load_service(
             f"{folder} holds a {task!r} export; vaswani serve serves text-generation (chat and completions), "
             f"feature-extraction (embeddings) and text-classification exports."
         )
-    if engine != "onnxruntime":
+    if engine == "openvino":
         raise ValueError(f"engine={engine!r} runs ONNX exports; it cannot serve with backend={backend!r}.")
     if backend == "torch":
         from ..modeling import VaswaniForCausalLM

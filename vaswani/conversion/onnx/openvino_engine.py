@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-ENGINES = ("onnxruntime", "openvino")
+ENGINES = ("onnxruntime", "openvino", "auto")
 PRECISIONS = ("auto", "f32", "bf16")
 # What OpenVINO calls the precisions (its INFERENCE_PRECISION_HINT), and what `get_providers` reports.
 OPENVINO_TYPES = {"f32": "f32", "bf16": "bf16"}
@@ -45,6 +45,22 @@ def check_engine(engine: str, precision: str = "auto") -> None:
         raise ValueError(f"engine={engine!r} is not supported; use one of {list(ENGINES)}.")
     if precision not in PRECISIONS:
         raise ValueError(f"openvino_precision={precision!r} is not supported; use one of {list(PRECISIONS)}.")
+
+
+def chosen_engine(engine: str, manifest: dict, provider: str) -> str:
+    """What `engine="auto"` runs: "openvino" where the route was measured faster (a text-generation export in the
+    portable form, on the CPU provider, OpenVINO installed, and a CPU that computes bfloat16), else "onnxruntime".
+    Any other `engine` is returned as it is."""
+    if engine != "auto":
+        return engine
+    from .gqa_runtime import is_gqa_form
+
+    if manifest["task"] != "text-generation" or provider != "CPUExecutionProvider" or is_gqa_form(manifest):
+        return "onnxruntime"
+    try:
+        return "openvino" if openvino_precision("auto") == "bf16" else "onnxruntime"
+    except ImportError:
+        return "onnxruntime"
 
 
 def openvino_precision(requested: str = "auto") -> str:

@@ -34,7 +34,7 @@ from transformers.utils import ModelOutput
 
 from ...modeling.configuration import CONFIG_CLASSES
 from .contract import DTYPES, load_manifest
-from .openvino_engine import OpenVinoSession, RoutedSession, check_engine, refuse_unreadable_form
+from .openvino_engine import OpenVinoSession, RoutedSession, check_engine, chosen_engine, refuse_unreadable_form
 from .openvino_engine import openvino_precision as resolve_openvino_precision
 from .session import OrtGraph, cuda_provider_options, default_session_options, resolve_provider
 
@@ -88,7 +88,9 @@ class OrtModel:
                 changes nothing measurable).
             engine: "onnxruntime" (default), or "openvino" for a text-generation export on the CPU: prompt steps in
                 OpenVINO, one-token decode steps in ONNX Runtime (`openvino_engine.RoutedSession`; needs
-                `pip install 'vaswani[openvino]'` and a portable export, `vaswani export --attention portable`).
+                `pip install 'vaswani[openvino]'` and a portable export, `vaswani export --attention portable`);
+                "auto": "openvino" where it was measured faster (such a folder and a CPU with bfloat16), else
+                "onnxruntime" (`openvino_engine.chosen_engine`).
             openvino_precision: OpenVINO's compute precision, "bf16", "f32" or "auto" (default: bf16 where the CPU
                 has AVX512_BF16 or AMX, else f32). OpenVINO runs with the session options' intra-op threads.
 
@@ -115,6 +117,7 @@ class OrtModel:
 
         provider = resolve_provider(provider)
         check_engine(engine, openvino_precision)
+        engine = chosen_engine(engine, manifest, provider)
         if engine == "openvino":
             if provider != "CPUExecutionProvider" or manifest["task"] != "text-generation":
                 raise ValueError(

@@ -16,7 +16,7 @@ from transformers.cache_utils import Cache
 from ...modeling import cache_of
 from .contract import DTYPES, PAST_PLUS_SEQUENCE, load_manifest, padded_mask, positions_from_mask
 from .gqa_runtime import GqaValidationRunner, is_gqa_form
-from .openvino_engine import PROVIDER_NAME, OpenVinoSession, check_engine, refuse_unreadable_form
+from .openvino_engine import PROVIDER_NAME, OpenVinoSession, check_engine, chosen_engine, refuse_unreadable_form
 from .openvino_engine import openvino_precision as resolve_openvino_precision
 from .session import PROVIDERS, cuda_provider_options
 from .tasks import cast_model, task_model
@@ -448,8 +448,8 @@ def validate_onnx_export(
     kind, default = TOLERANCES[manifest["quantization"] or dtype]
     device = "cuda" if manifest.get("device") == "cuda" else "cpu"
     provider, precision, compute_dtype = PROVIDERS[device], None, DTYPES[dtype]
-    if engine != "onnxruntime":
-        check_engine(engine, openvino_precision)
+    check_engine(engine, openvino_precision)
+    if chosen_engine(engine, manifest, provider) == "openvino":
         refuse_unreadable_form(folder, manifest)
         precision = resolve_openvino_precision(openvino_precision)
         provider = f"{PROVIDER_NAME} ({precision})"
