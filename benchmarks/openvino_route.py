@@ -7,11 +7,15 @@ rotated order for `--rounds` rounds (figures: medians over rounds; ratios: media
 - OpenVINO route: `vaswani bench FOLDER --engine openvino` (prompt steps in OpenVINO at its automatic precision,
   one-token steps in ONNX Runtime);
 - OpenVINO alone: the same model with every step in OpenVINO (the route's step session replaced by its OpenVINO one):
-  the other design, measured to choose between them.
+  the other design, measured to choose between them;
+- ONNX Runtime, GQA form (with `--gqa-build NAME=FOLDER`): the same export in the GroupQueryAttention form that
+  `--quantize` writes by default, which only ONNX Runtime runs: the decode speed the route gives up.
 
     python benchmarks/openvino_route.py --build fp32=/tmp/smol/onnx-fp32 \\
         --build int8=/tmp/smol/onnx-int8-attention-portable --build int4=/tmp/smol/onnx-int4-attention-portable \\
-        --rounds 3 --json docs/results/openvino_route_cpu.json --markdown docs/results/openvino_route_cpu.md
+        --gqa-build int8=/tmp/smol/onnx-int8 --gqa-build int4=/tmp/smol/onnx-int4 --rounds 3 \\
+        --perplexity-text docs/results/real_model_text.txt \\
+        --json docs/results/openvino_route_cpu.json --markdown docs/results/openvino_route_cpu.md
 
 Each process measures: `--prefill-tokens` (512) prompt tokens at batch 1, time to first token (one `generate` token);
 then decode of `--new-tokens` tokens after a `--decode-prompt-tokens` (128) prompt at batch 1 and 8; then its resident
@@ -34,6 +38,9 @@ SYSTEMS = {
     "ONNX Runtime": {"engine": "onnxruntime"},
     "OpenVINO route": {"engine": "openvino"},
     "OpenVINO alone": {"engine": "openvino", "every_step": True},
+    # The same export in the GroupQueryAttention form (`--gqa-build`), what --quantize writes by default: ONNX
+    # Runtime's fastest decode, which the route (portable graphs only) gives up.
+    "ONNX Runtime, GQA form": {"engine": "onnxruntime", "gqa_form": True},
 }
 
 
@@ -102,13 +109,13 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def tables(runs: dict, builds: dict[str, str]) -> list[dict]:
+def tables(runs: dict, builds: dict[str, str], gqa_builds: dict[str, str]) -> list[dict]:
     """Per export: each system's figures (medians) and its ratio to ONNX Runtime (median of per-round ratios)."""
     made = []
     for name in builds:
         rows = []
         base = runs[name]["ONNX Runtime"]
-        for system in SYSTEMS:
+        for system in runs[name]:
             rounds = runs[name][system]
             ttft = [run["ttft_s"] for run in rounds]
             cells = [system, rounds[0]["provider"], f"{median(ttft) * 1e3:.0f} ms"]
@@ -127,15 +134,19 @@ def tables(runs: dict, builds: dict[str, str]) -> list[dict]:
         columns += ["decode tok/s, batch 8", "x ORT", "resident: anonymous + file-mapped"]
         if rounds[0].get("perplexity") is not None:
             columns.append("perplexity")
-            for row, system in zip(rows, SYSTEMS):
+            for row, system in zip(rows, runs[name]):
                 row.append(f"{runs[name][system][0]['perplexity']:.3f}")
-        made.append(table(f"{name} ({builds[name]})", columns, rows))
+        folders = builds[name] + (f"; GQA form {gqa_builds[name]}" if name in gqa_builds else "")
+        made.append(table(f"{name} ({folders})", columns, rows))
     return made
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--build", action="append", default=[], metavar="NAME=FOLDER", help="a portable export")
+    parser.add_argument(
+        "--gqa-build", action="append", default=[], metavar="NAME=FOLDER", help="NAME's GroupQueryAttention form"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prefill-tokens", type=int, default=512)
@@ -155,13 +166,18 @@ def main() -> None:
     builds = dict(entry.split("=", 1) for entry in args.build)
     if not builds:
         parser.error("pass at least one --build NAME=FOLDER")
-    runs = {name: {system: [] for system in SYSTEMS} for name in builds}
+    gqa_builds = dict(entry.split("=", 1) for entry in args.gqa_build)
+    runs = {
+        name: {system: [] for system, how in SYSTEMS.items() if name in gqa_builds or not how.get("gqa_form")}
+        for name in builds
+    }
     for round_index in range(args.rounds):
-        shift = round_index % len(SYSTEMS)  # rotate the systems' order within each export
         for name in builds:
-            systems = list(SYSTEMS)[shift:] + list(SYSTEMS)[:shift]
+            shift = round_index % len(runs[name])  # rotate the systems' order within each export
+            systems = list(runs[name])[shift:] + list(runs[name])[:shift]
             for system in systems:
-                run = run_system(builds[name], system, args, round_index == 0)
+                folder = gqa_builds[name] if SYSTEMS[system].get("gqa_form") else builds[name]
+                run = run_system(folder, system, args, round_index == 0)
                 runs[name][system].append(run)
                 print(f"round {round_index + 1}: {name} {system}: {json.dumps(run)}", flush=True)
     results = {
@@ -184,7 +200,7 @@ def main() -> None:
                 else ""
             )
         ],
-        "tables": tables(runs, builds),
+        "tables": tables(runs, builds, gqa_builds),
         "raw": {"settings": {k: v for k, v in vars(args).items() if k not in ("json", "markdown")}, "runs": runs},
     }
     results["raw"]["settings"] = {k: str(v) for k, v in results["raw"]["settings"].items()}
