@@ -235,3 +235,10 @@ def test_bench_and_perplexity_commands_take_the_engine(exports, tmp_path, capsys
         assert vaswani_cli(["perplexity", folder, "--text", str(text), *flags, "--json", str(output)]) == 0
         scores[engine] = json.loads(output.read_text())["perplexity"]
     assert scores["openvino"] == pytest.approx(scores["onnxruntime"], rel=1e-4)
+
+
+def test_without_openvino_the_engine_names_the_extra_and_auto_keeps_onnxruntime(exports, monkeypatch):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` now raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'vaswani\[openvino\]'"):
+        OrtModelForCausalLM.from_pretrained(exports["portable"], engine="openvino")
+    assert chosen_engine("auto", load_manifest(exports["portable"]), "CPUExecutionProvider") == "onnxruntime"
