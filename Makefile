@@ -6,7 +6,7 @@ PYTHON ?= python3
 # build. Override to pick another build, e.g. `make setup TORCH=torch==2.14.1`.
 TORCH ?= torch==2.13.0
 # What `make setup` (and so `make test`) installs: every extra the tests exercise.
-EXTRAS ?= onnx,train,serve,ray,dev
+EXTRAS ?= onnx,openvino,train,serve,ray,dev
 # What the demo uses: ONNX export and ONNX Runtime, matplotlib for the loss curve; not the server, Ray or the tests.
 DEMO_EXTRAS ?= onnx,train
 

@@ -164,7 +164,7 @@ def fresh_dynamo():
 # ------------------------------------------------------------------------------------- installed extras under CI
 
 # The extras `make setup` installs (the Makefile's EXTRAS), and the modules by which the tests import them.
-INSTALLED_EXTRAS = ("onnx", "train", "serve", "ray", "dev")
+INSTALLED_EXTRAS = ("onnx", "openvino", "train", "serve", "ray", "dev")
 IMPORT_NAMES = {"onnx-ir": "onnx_ir", "ray": "ray.serve", "uvicorn": "uvicorn", "ruff": None, "pytest-xdist": "xdist"}
 
 

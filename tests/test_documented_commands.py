@@ -68,6 +68,7 @@ NOT_RUN = {
     "vaswani serve ./smol-int8 --ray": "starts a Ray cluster (tests/test_serving_ray.py serves through Ray Serve)",
     "vaswani serve /shared/": "needs a Ray cluster of several machines",
     "python benchmarks/benchmark_engines.py --seq2seq": "needs the engines' venvs; runs for hours",
+    "python benchmarks/openvino_route.py": "needs SmolLM2's portable exports; about 40 minutes on 2 cores",
 }
 # The serving page's Python blocks that need what CI does not have.
 NOT_RUN_PYTHON = {"from vllm import": "vLLM is not installable in CI"}

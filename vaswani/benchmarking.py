@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .cli import add_engine_arguments
+
 if TYPE_CHECKING:
     from .loading import LoadedFolder
 
@@ -63,15 +65,20 @@ class BenchResult:
     bound_tokens_per_s: float
     rounds: int
     rows: list[BenchRow] = field(default_factory=list)
+    engine: str = "onnxruntime"  # what ran it: pytorch, onnxruntime, or the OpenVINO route (`--engine openvino`)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
+
+    @property
+    def engine_note(self) -> str:
+        return "" if self.engine == "onnxruntime" or self.form != "onnx" else f", {self.engine}"
 
     def table(self) -> str:
         """The result as a Markdown table, under a line naming the machine and the bound."""
         machine = self.machine
         lines = [
-            f"{self.folder} ({self.form} on {self.device}); {machine['cpu']}, {machine['cores']} cores, "
+            f"{self.folder} ({self.form} on {self.device}{self.engine_note}); {machine['cpu']}, {machine['cores']} cores, "
             f"{machine['threads']} threads; {machine['torch']}",
             f"weights {self.weight_bytes / 1e6:.1f} MB, memory bandwidth {self.bandwidth_bytes_per_s / 1e9:.1f} GB/s: "
             f"batch-1 decode bound {self.bound_tokens_per_s:.1f} tokens/s (median of {self.rounds} rounds)",
@@ -238,6 +245,11 @@ def bench_folder(
         bound_tokens_per_s=bound,
         rounds=rounds,
     )
+    provider = loaded.model.provider if loaded.form == "onnx" else ""
+    if loaded.form != "onnx":
+        result.engine = loaded.form
+    elif provider.startswith("OpenVINO"):  # openvino_engine.RoutedSession
+        result.engine = f"prompt steps in {provider}, one-token steps in ONNX Runtime"
     for batch_size in batch_sizes:
         prompts = random_prompts(batch_size, prompt_tokens, config.vocab_size, device)
         first, whole = [], []
@@ -270,6 +282,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after a warm-up; medians reported (3)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs (cpu)")
     parser.add_argument("--threads", type=int, help="intra-op threads (default: every core this process may use)")
+    add_engine_arguments(parser)
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the result as JSON to FILE")
 
 
@@ -284,12 +297,14 @@ def run(args: argparse.Namespace) -> int:
     from .loading import load_folder, set_command_threads
 
     try:
-        loaded = load_folder(args.folder, args.device, args.threads, task="text-generation")
+        loaded = load_folder(
+            args.folder, args.device, args.threads, "text-generation", args.engine, args.openvino_precision
+        )
         set_command_threads(loaded.form, args.threads)
         result = bench_folder(
             loaded, args.batch_sizes, args.prompt_tokens, args.new_tokens, args.rounds, args.device, args.threads
         )
-    except (ValueError, OSError) as error:
+    except (ValueError, OSError, ImportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(result.table())

@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
+from .cli import add_engine_arguments
+
 if TYPE_CHECKING:
     from .loading import LoadedFolder
 
@@ -157,6 +159,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="with --temperature: the random seed, for repeatable answers")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs (cpu)")
     parser.add_argument("--threads", type=int, help="intra-op threads (default: every core this process may use)")
+    add_engine_arguments(parser)
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -183,10 +186,12 @@ def run(args: argparse.Namespace) -> int:
     from .loading import load_folder, set_command_threads
 
     try:
-        loaded = load_folder(args.folder, args.device, args.threads, task="text-generation")
+        loaded = load_folder(
+            args.folder, args.device, args.threads, "text-generation", args.engine, args.openvino_precision
+        )
         if loaded.tokenizer.chat_template is None:
             chat_prompt(loaded, [])  # raises the error that names the fix
-    except (ValueError, OSError) as error:
+    except (ValueError, OSError, ImportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     options = ChatOptions(args.max_new_tokens, args.temperature, args.top_p, args.top_k, args.seed)

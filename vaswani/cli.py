@@ -24,6 +24,26 @@ import sys
 from typing import NoReturn
 
 
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--engine` and `--openvino-precision`, for the commands that run an ONNX export (chat, perplexity, bench,
+    serve). The names are spelled out here (not imported) so that `--help` loads no runtime."""
+    parser.add_argument(
+        "--engine",
+        choices=("onnxruntime", "openvino", "auto"),
+        default="onnxruntime",
+        help="what runs an ONNX export: onnxruntime, or openvino (text-generation on the CPU: prompt steps in OpenVINO, "
+        "in bfloat16 where the CPU has AVX512_BF16 or AMX; one-token steps in ONNX Runtime; needs pip install "
+        "'vaswani[openvino]' and an export with --attention portable), or auto (openvino where that applies and the "
+        "CPU has bfloat16, else onnxruntime) (onnxruntime)",
+    )
+    parser.add_argument(
+        "--openvino-precision",
+        choices=("auto", "f32", "bf16"),
+        default="auto",
+        help="with --engine openvino: its compute precision (auto: bf16 where the CPU has it, else f32)",
+    )
+
+
 def _add_convert_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "convert",
@@ -281,6 +301,7 @@ def _add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--backend", choices=("onnx", "torch"), default="onnx", help="ONNX Runtime or PyTorch (onnx)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs (cpu)")
     parser.add_argument("--threads", type=int, help="intra-op threads (default: every core this process may use)")
+    add_engine_arguments(parser)
     parser.add_argument("--model-name", help="the model id clients send (default: the folder's name)")
     parser.add_argument("--max-batch", type=int, default=16, help="sequences decoded together at most (16)")
     parser.add_argument("--max-waiting", type=int, default=64, help="requests queued at most; more get 429 (64)")
@@ -339,6 +360,11 @@ def _run_serve(args: argparse.Namespace) -> int:
         max_waiting=args.max_waiting,
         prefill_chunk=args.prefill_chunk,
     )
+    if args.engine == "openvino" and (args.ray or args.backend != "onnx"):
+        print("error: --engine openvino serves an ONNX export without --ray (--backend onnx).", file=sys.stderr)
+        return 2
+    if args.engine != "onnxruntime" and not args.ray and args.backend == "onnx":
+        options.update(engine=args.engine, openvino_precision=args.openvino_precision)
     try:
         if args.ray:
             from .serving.ray_app import load_runtime_env, serve_with_ray
@@ -371,7 +397,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         set_command_threads(args.backend, args.threads)
         app = create_app(service, **app_options)
     except ImportError as error:
-        extra = "ray" if args.ray else "serve"
+        extra = "ray" if args.ray else "openvino" if "openvino" in str(error) else "serve"
         print(f"error: {error}. Install the server's dependencies: pip install 'vaswani[{extra}]'", file=sys.stderr)
         return 2
     except (ValueError, OSError) as error:
@@ -400,6 +426,10 @@ def _serving_line(service, args: argparse.Namespace) -> str:
 
     folder = resolve_folder(args.folder)
     form = f"{args.backend} on {args.device}"
+    model = getattr(service, "model", None) or getattr(getattr(service, "engine", None), "model", None)
+    provider = getattr(getattr(model, "model", model), "provider", "")  # a step model holds the OrtModel
+    if provider.startswith("OpenVINO"):  # --engine openvino (or auto, where it chose it)
+        form += f", prompt steps in {provider}, one-token steps in ONNX Runtime"
     manifest = folder / "manifest.json"
     if args.backend == "onnx" and manifest.is_file():
         described = json.loads(manifest.read_text())
@@ -483,6 +513,7 @@ def _add_perplexity_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-tokens", type=int, metavar="N", help="score at most the text's first N tokens")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--threads", type=int, metavar="N", help="intra-op threads (default: every core)")
+    add_engine_arguments(parser)
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE")
     parser.set_defaults(run=lambda args: _run_perplexity(args, parser))
 

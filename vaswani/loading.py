@@ -73,11 +73,18 @@ def folder_task(folder: str | os.PathLike) -> str:
 
 
 def load_folder(
-    folder: str | os.PathLike, device: str = "cpu", threads: int | None = None, task: str | None = None
+    folder: str | os.PathLike,
+    device: str = "cpu",
+    threads: int | None = None,
+    task: str | None = None,
+    engine: str = "onnxruntime",
+    openvino_precision: str = "auto",
 ) -> LoadedFolder:
     """Load `folder` (a local PyTorch or ONNX export folder) with its tokenizer, on `device` ("cpu" or "cuda");
     `threads` intra-op threads for ONNX Runtime (default: every core this process may use). `task` checks the folder
-    does that task (default: whatever it does). Raises a ValueError naming the problem for anything else."""
+    does that task (default: whatever it does). `engine="openvino"` runs a text-generation export's prompt steps in
+    OpenVINO, in `openvino_precision` (`OrtModel.from_pretrained`). Raises a ValueError naming the problem for
+    anything else."""
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise ValueError(
@@ -98,8 +105,16 @@ def load_folder(
         from .conversion.onnx import default_session_options
 
         model_class = getattr(conversion, ORT_CLASSES[found])
-        model = model_class.from_pretrained(folder, device, session_options=default_session_options(threads))
+        model = model_class.from_pretrained(
+            folder,
+            device,
+            session_options=default_session_options(threads),
+            engine=engine,
+            openvino_precision=openvino_precision,
+        )
         return LoadedFolder(model, tokenizer, found, "onnx", folder)
+    if engine == "openvino":
+        raise ValueError(f"{folder} is a PyTorch folder; engine={engine!r} runs ONNX exports (vaswani export).")
     model = TORCH_CLASSES[found].from_pretrained(folder).to(device).eval()
     return LoadedFolder(model, tokenizer, found, "pytorch", folder)
 

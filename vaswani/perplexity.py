@@ -244,15 +244,17 @@ def folder_perplexity(
     max_tokens: int | None = None,
     device: str = "cpu",
     threads: int | None = None,
+    engine: str = "onnxruntime",
+    openvino_precision: str = "auto",
 ) -> Perplexity:
     """The perplexity of the model in `folder` (a PyTorch folder or an ONNX export) on `texts`; see
-    `model_perplexity` for the arguments.
+    `model_perplexity` for the arguments, `load_folder` for `engine` and `openvino_precision`.
 
     >>> folder_perplexity("outputs/chat-onnx", open("story.txt").read(), context=512).perplexity  # doctest: +SKIP
     """
     from .loading import load_folder
 
-    loaded = load_folder(folder, device=device, threads=threads)
+    loaded = load_folder(folder, device, threads, engine=engine, openvino_precision=openvino_precision)
     return model_perplexity(
         loaded.model, loaded.tokenizer, texts, loaded.task, loaded.form, context, stride, max_tokens, device=device
     )
@@ -277,9 +279,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     set_command_threads("onnx" if (Path(args.folder) / "manifest.json").is_file() else "pytorch", args.threads)
     try:
         result = folder_perplexity(
-            args.folder, text, args.context, args.stride, args.max_tokens, args.device, args.threads
-        )
-    except (ValueError, OSError) as error:
+            args.folder, text, args.context, args.stride, args.max_tokens, args.device, args.threads, args.engine,
+            args.openvino_precision,
+        )  # fmt: skip
+    except (ValueError, OSError, ImportError) as error:
         parser.error(str(error))
     print(result.describe())
     if args.json:

@@ -154,11 +154,15 @@ def load_service(
     max_batch: int = 16,
     max_waiting: int = 64,
     prefill_chunk: int = 32,
+    engine: str = "onnxruntime",
+    openvino_precision: str = "auto",
 ) -> GenerationService | EncoderService:
     """Load `folder` for serving: an exported ONNX folder (`backend="onnx"`, on `provider` "cpu" or "cuda") or a
     PyTorch vaswani folder (`backend="torch"`), local or a Hub repository id; `threads` ONNX Runtime's intra-op threads (default: every available core; the torch backend
     runs on torch's threads as the process set them); `name`
-    the model id clients send (default: the folder's name). The engine is not started."""
+    the model id clients send (default: the folder's name); `engine="openvino"` runs a text-generation export's
+    prompt steps (prefill chunks) in OpenVINO in `openvino_precision` (`OrtModel.from_pretrained`). The engine is not
+    started."""
     if name is None:  # a local folder's name as given (a symlink's own, "."'s directory); a Hub id as it is
         name = Path(os.path.abspath(folder)).name if Path(folder).exists() else str(folder)
     folder = resolve_folder(folder)
@@ -183,9 +187,17 @@ def load_service(
                     "--attention portable."
                 )
 
-            model = OrtModelForCausalLM.from_pretrained(folder, provider, session_options=session_options(threads))
-            engine = Engine(step_model(model), max_batch, max_waiting, prefill_chunk)
-            return GenerationService(name, tokenizer, engine, eos_ids(model.generation_config, tokenizer))
+            model = OrtModelForCausalLM.from_pretrained(
+                folder,
+                provider,
+                session_options=session_options(threads),
+                engine=engine,
+                openvino_precision=openvino_precision,
+            )
+            scheduler = Engine(step_model(model), max_batch, max_waiting, prefill_chunk)
+            return GenerationService(name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer))
+        if engine == "openvino":
+            raise ValueError(f"{folder} holds a {task!r} export; engine={engine!r} serves text-generation exports.")
         if task in ENCODER_TASKS:
             from ..conversion.onnx import OrtModelForFeatureExtraction, OrtModelForSequenceClassification
 
@@ -198,14 +210,16 @@ def load_service(
             f"{folder} holds a {task!r} export; vaswani serve serves text-generation (chat and completions), "
             f"feature-extraction (embeddings) and text-classification exports."
         )
+    if engine == "openvino":
+        raise ValueError(f"engine={engine!r} runs ONNX exports; it cannot serve with backend={backend!r}.")
     if backend == "torch":
         from ..modeling import VaswaniForCausalLM
 
         model = VaswaniForCausalLM.from_pretrained(folder)
         if provider == "cuda":
             model = model.to("cuda")
-        engine = Engine(TorchStepModel(model), max_batch, max_waiting, prefill_chunk)
-        return GenerationService(name, tokenizer, engine, eos_ids(model.generation_config, tokenizer))
+        scheduler = Engine(TorchStepModel(model), max_batch, max_waiting, prefill_chunk)
+        return GenerationService(name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer))
     raise ValueError(f"backend must be 'onnx' or 'torch', got {backend!r}.")
 
 

@@ -34,6 +34,8 @@ from transformers.utils import ModelOutput
 
 from ...modeling.configuration import CONFIG_CLASSES
 from .contract import DTYPES, load_manifest
+from .openvino_engine import OpenVinoSession, RoutedSession, check_engine, chosen_engine, refuse_unreadable_form
+from .openvino_engine import openvino_precision as resolve_openvino_precision
 from .session import OrtGraph, cuda_provider_options, default_session_options, resolve_provider
 
 
@@ -71,6 +73,8 @@ class OrtModel:
         session_options: ort.SessionOptions | None = None,
         provider_options: dict[str, Any] | None = None,
         use_io_binding: bool | None = None,
+        engine: str = "onnxruntime",
+        openvino_precision: str = "auto",
     ) -> "OrtModel":
         """Load an exported folder.
 
@@ -82,9 +86,17 @@ class OrtModel:
             provider_options: options of the provider, e.g. `{"device_id": 1}` for CUDA.
             use_io_binding: bind inputs/outputs to device memory; always on for CUDA, off by default on CPU (where it
                 changes nothing measurable).
+            engine: "onnxruntime" (default), or "openvino" for a text-generation export on the CPU: prompt steps in
+                OpenVINO, one-token decode steps in ONNX Runtime (`openvino_engine.RoutedSession`; needs
+                `pip install 'vaswani[openvino]'` and a portable export, `vaswani export --attention portable`);
+                "auto": "openvino" where it was measured faster (such a folder and a CPU with bfloat16), else
+                "onnxruntime" (`openvino_engine.chosen_engine`).
+            openvino_precision: OpenVINO's compute precision, "bf16", "f32" or "auto" (default: bf16 where the CPU
+                has AVX512_BF16 or AMX, else f32). OpenVINO runs with the session options' intra-op threads.
 
         Example:
             >>> model = OrtModelForCausalLM.from_pretrained("exported", provider="cuda")
+            >>> model = OrtModelForCausalLM.from_pretrained("exported", engine="openvino")  # faster prompts on CPU
         """
         folder = Path(folder)
         manifest = load_manifest(folder)  # checks the files and that config.json matches the graphs
@@ -104,6 +116,19 @@ class OrtModel:
         config = read_config(folder)
 
         provider = resolve_provider(provider)
+        check_engine(engine, openvino_precision)
+        engine = chosen_engine(engine, manifest, provider)
+        if engine == "openvino":
+            if provider != "CPUExecutionProvider" or manifest["task"] != "text-generation":
+                raise ValueError(
+                    f"engine='openvino' runs text-generation exports on the CPU; {folder} holds a {manifest['task']!r} "
+                    f"export and {provider} was asked for. Use engine='onnxruntime' for it."
+                )
+            if use_io_binding:
+                raise ValueError("engine='openvino' passes numpy arrays; leave use_io_binding unset.")
+            refuse_unreadable_form(folder, manifest)
+            openvino_precision = resolve_openvino_precision(openvino_precision)
+        session_options = session_options or default_session_options()
         options = dict(provider_options or {})
         device = torch.device("cpu")
         if provider == "CUDAExecutionProvider":
@@ -120,15 +145,17 @@ class OrtModel:
         for name in graph_names:
             spec = manifest["graphs"][name]
             session = ort.InferenceSession(
-                str(folder / spec["file"]),
-                sess_options=session_options or default_session_options(),
-                providers=[(provider, options)],
+                str(folder / spec["file"]), sess_options=session_options, providers=[(provider, options)]
             )
             if session.get_providers()[0] != provider:
                 raise RuntimeError(
                     f"ONNX Runtime could not start {provider} for {spec['file']} (it fell back to "
                     f"{session.get_providers()}); check the CUDA/cuDNN installation that onnxruntime-gpu needs."
                 )
+            if engine == "openvino":
+                threads = session_options.intra_op_num_threads
+                prompt_session = OpenVinoSession(folder / spec["file"], openvino_precision, threads)
+                session = RoutedSession(prompt_session, session)
             use_io_binding = device.type == "cuda" or bool(use_io_binding)
             graphs[name] = OrtGraph(folder, name, spec, session, device, use_io_binding, manifest["vocab_size"])
         return cls(folder, manifest, config, graphs)

@@ -16,6 +16,8 @@ from transformers.cache_utils import Cache
 from ...modeling import cache_of
 from .contract import DTYPES, PAST_PLUS_SEQUENCE, load_manifest, padded_mask, positions_from_mask
 from .gqa_runtime import GqaValidationRunner, is_gqa_form
+from .openvino_engine import PROVIDER_NAME, OpenVinoSession, check_engine, chosen_engine, refuse_unreadable_form
+from .openvino_engine import openvino_precision as resolve_openvino_precision
 from .session import PROVIDERS, cuda_provider_options
 from .tasks import cast_model, task_model
 
@@ -337,17 +339,24 @@ def _sequence_axis(shape: list) -> tuple[int, str] | None:
 
 
 class _GraphRunner:
-    """One ONNX Runtime session, fed only the inputs its manifest lists."""
+    """One ONNX Runtime session, fed only the inputs its manifest lists; with `openvino_precision`, the graph compiled
+    by OpenVINO in that precision instead."""
 
-    def __init__(self, folder: Path, name: str, manifest: dict, provider: str) -> None:
+    def __init__(
+        self, folder: Path, name: str, manifest: dict, provider: str, openvino_precision: str | None = None
+    ) -> None:
         self.name, self.graph = name, manifest["graphs"][name]
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = torch.get_num_threads()
-        options.log_severity_level = 3
-        provider_options = cuda_provider_options() if provider == PROVIDERS["cuda"] else {}
-        self.session = ort.InferenceSession(
-            str(folder / self.graph["file"]), options, providers=[(provider, provider_options)]
-        )
+        if openvino_precision is not None:
+            path = folder / self.graph["file"]
+            self.session = OpenVinoSession(path, openvino_precision, torch.get_num_threads())
+        else:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = torch.get_num_threads()
+            options.log_severity_level = 3
+            provider_options = cuda_provider_options() if provider == PROVIDERS["cuda"] else {}
+            self.session = ort.InferenceSession(
+                str(folder / self.graph["file"]), options, providers=[(provider, provider_options)]
+            )
         self.input_names = [spec["name"] for spec in self.graph["inputs"]]
         self.inputs = {spec["name"]: spec for spec in self.graph["inputs"]}
 
@@ -409,8 +418,9 @@ def _present_feeds(outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def validate_onnx_export(
-    folder: str | os.PathLike, model: PreTrainedModel, *, tolerance: float | None = None, seed: int = 0
-) -> ValidationReport:
+    folder: str | os.PathLike, model: PreTrainedModel, *, tolerance: float | None = None, seed: int = 0,
+    engine: str = "onnxruntime", openvino_precision: str = "auto",
+) -> ValidationReport:  # fmt: skip
     """Compare every output of an exported folder's graphs, run by ONNX Runtime, with PyTorch `model`.
 
     Inputs are random, with sizes other than the traced ones (batch 3, new tokens 7 then 5 then 1, so past 0, 7 and
@@ -424,21 +434,33 @@ def validate_onnx_export(
     the relative RMS error, beside the format's cosine and top-1 bounds (`QUANTIZED_BOUNDS`). Returns the report; raises `OnnxValidationError`
     (a ValueError) listing the failing outputs if any exceeds it.
 
+    `engine="openvino"` runs every case in OpenVINO alone, in `openvino_precision` (`openvino_engine`). Its bfloat16
+    run of a float32 export is judged as half precision: against PyTorch in bfloat16, with that model's float32 twin
+    measuring bfloat16's own error; a quantized export keeps its bounds against float32.
+
     Example:
         >>> print(validate_onnx_export("exported", model))
+        >>> print(validate_onnx_export("exported", model, engine="openvino"))  # bf16 where the CPU has it
     """
     folder = Path(folder)
     manifest = load_manifest(folder)
     task, dtype = manifest["task"], manifest["dtype"]
     kind, default = TOLERANCES[manifest["quantization"] or dtype]
-    tolerance = default if tolerance is None else tolerance
     device = "cuda" if manifest.get("device") == "cuda" else "cpu"
-    provider = PROVIDERS[device]
-    reference = cast_model(task_model(model, task), DTYPES[dtype], device)
+    provider, precision, compute_dtype = PROVIDERS[device], None, DTYPES[dtype]
+    check_engine(engine, openvino_precision)
+    if chosen_engine(engine, manifest, provider) == "openvino":
+        refuse_unreadable_form(folder, manifest)
+        precision = resolve_openvino_precision(openvino_precision)
+        provider = f"{PROVIDER_NAME} ({precision})"
+        if precision == "bf16" and dtype == "fp32" and kind != "quantized":
+            kind, default, compute_dtype = TOLERANCES["fp16"][0], TOLERANCES["fp16"][1], torch.bfloat16
+    tolerance = default if tolerance is None else tolerance
+    reference = cast_model(task_model(model, task), compute_dtype, device)
     models = [reference]
     if kind == "half precision":  # the float32 model beside it measures what half precision itself loses
         models.append(cast_model(task_model(model, task), torch.float32, device))
-    runners = {name: _GraphRunner(folder, name, manifest, provider) for name in manifest["graphs"]}
+    runners = {name: _GraphRunner(folder, name, manifest, provider, precision) for name in manifest["graphs"]}
     generator = torch.Generator().manual_seed(seed)
     comparison = _Comparison()
     with torch.no_grad():

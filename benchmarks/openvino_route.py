@@ -1,0 +1,212 @@
+"""The OpenVINO route (`--engine openvino`) against ONNX Runtime alone, on the same portable exports: time to first
+token of a long prompt, decode tokens/s at batch 1 and 8, and the memory each process peaks at.
+
+Systems, each timed in a process of its own (`vaswani.benchmarking.bench_folder`, what `vaswani bench` runs), in
+rotated order for `--rounds` rounds (figures: medians over rounds; ratios: medians of per-round ratios):
+- ONNX Runtime: `vaswani bench FOLDER`;
+- OpenVINO route: `vaswani bench FOLDER --engine openvino` (prompt steps in OpenVINO at its automatic precision,
+  one-token steps in ONNX Runtime);
+- OpenVINO alone: the same model with every step in OpenVINO (the route's step session replaced by its OpenVINO one):
+  the other design, measured to choose between them;
+- ONNX Runtime, GQA form (with `--gqa-build NAME=FOLDER`): the same export in the GroupQueryAttention form that
+  `--quantize` writes by default, which only ONNX Runtime runs: the decode speed the route gives up.
+
+    python benchmarks/openvino_route.py --build fp32=/tmp/smol/onnx-fp32 \\
+        --build int8=/tmp/smol/onnx-int8-attention-portable --build int4=/tmp/smol/onnx-int4-attention-portable \\
+        --gqa-build int8=/tmp/smol/onnx-int8 --gqa-build int4=/tmp/smol/onnx-int4 --rounds 3 \\
+        --perplexity-text docs/results/real_model_text.txt \\
+        --json docs/results/openvino_route_cpu.json --markdown docs/results/openvino_route_cpu.md
+
+Each process measures: `--prefill-tokens` (512) prompt tokens at batch 1, time to first token (one `generate` token);
+then decode of `--new-tokens` tokens after a `--decode-prompt-tokens` (128) prompt at batch 1 and 8; then its resident
+memory (`resident_bytes`) and peak (`ru_maxrss`, in the JSON).
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import command_line, machine, table, write  # noqa: E402
+
+SYSTEMS = {
+    "ONNX Runtime": {"engine": "onnxruntime"},
+    "OpenVINO route": {"engine": "openvino"},
+    "OpenVINO alone": {"engine": "openvino", "every_step": True},
+    # The same export in the GroupQueryAttention form (`--gqa-build`), what --quantize writes by default: ONNX
+    # Runtime's fastest decode, which the route (portable graphs only) gives up.
+    "ONNX Runtime, GQA form": {"engine": "onnxruntime", "gqa_form": True},
+}
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One system on one export, in this process: prints one JSON line."""
+    import torch
+
+    from vaswani.benchmarking import bench_folder
+    from vaswani.loading import load_folder
+    from vaswani.perplexity import model_perplexity
+
+    torch.set_num_threads(1)  # as `vaswani bench` sets it for an ONNX folder (vaswani.loading.set_command_threads)
+    system = SYSTEMS[args.system]
+    loaded = load_folder(args.worker, "cpu", args.threads, "text-generation", system["engine"])
+    if system.get("every_step"):
+        session = loaded.model.graphs["model"].session
+        session.step_session = session.prompt_session
+    perplexity = None
+    if args.perplexity_text:  # deterministic: once per system and export (round 1)
+        text = args.perplexity_text.read_text()
+        scored = model_perplexity(loaded.model, loaded.tokenizer, text, loaded.task, loaded.form, 512, 256, 2048)
+        perplexity = scored.perplexity
+    prefill = bench_folder(loaded, (1,), args.prefill_tokens, 2, 1, threads=args.threads, bandwidth_megabytes=256)
+    decode = bench_folder(
+        loaded, (1, 8), args.decode_prompt_tokens, args.new_tokens, 1, threads=args.threads, bandwidth_megabytes=256
+    )
+    print(
+        json.dumps(
+            {
+                "provider": loaded.model.provider,
+                "ttft_s": prefill.rows[0].time_to_first_token_s,
+                "decode_tokens_per_s": {str(row.batch_size): row.decode_tokens_per_s for row in decode.rows},
+                "perplexity": perplexity,
+                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                **resident_bytes(),
+            }
+        )
+    )
+
+
+def resident_bytes() -> dict[str, int]:
+    """This process's resident memory now, split as the kernel counts it: anonymous (its own allocations: weights
+    copied or repacked by a runtime) and file-backed (mapped files: OpenVINO maps the export's weight file and keeps
+    it mapped; those pages are the page cache's, shared with other readers of the file and reclaimable)."""
+    fields = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("RssAnon", "RssFile"):
+            fields[f"{key[3:].lower()}_bytes"] = int(value.split()[0]) * 1024
+    return fields
+
+
+def run_system(build: str, system: str, args: argparse.Namespace, first_round: bool) -> dict:
+    command = [sys.executable, __file__, "--worker", build, "--system", system, "--threads", str(args.threads)]
+    command += ["--prefill-tokens", str(args.prefill_tokens), "--new-tokens", str(args.new_tokens)]
+    command += ["--decode-prompt-tokens", str(args.decode_prompt_tokens)]
+    if args.perplexity_text and first_round:
+        command += ["--perplexity-text", str(args.perplexity_text)]
+    result = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ), timeout=1800)
+    if result.returncode:
+        raise RuntimeError(f"{system} on {build} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def tables(runs: dict, builds: dict[str, str], gqa_builds: dict[str, str]) -> list[dict]:
+    """Per export: each system's figures (medians) and its ratio to ONNX Runtime (median of per-round ratios)."""
+    made = []
+    for name in builds:
+        rows = []
+        base = runs[name]["ONNX Runtime"]
+        for system in runs[name]:
+            rounds = runs[name][system]
+            ttft = [run["ttft_s"] for run in rounds]
+            cells = [system, rounds[0]["provider"], f"{median(ttft) * 1e3:.0f} ms"]
+            cells.append(f"{median([b['ttft_s'] / r['ttft_s'] for b, r in zip(base, rounds)]):.2f}x")
+            for batch in ("1", "8"):
+                rates = [run["decode_tokens_per_s"][batch] for run in rounds]
+                ratio = median(
+                    [r["decode_tokens_per_s"][batch] / b["decode_tokens_per_s"][batch] for b, r in zip(base, rounds)]
+                )
+                cells += [f"{median(rates):.1f}", f"{ratio:.2f}x"]
+            anonymous = median([run["anon_bytes"] for run in rounds]) / 2**20
+            mapped = median([run["file_bytes"] for run in rounds]) / 2**20
+            cells.append(f"{anonymous:.0f} + {mapped:.0f} MiB")
+            rows.append(cells)
+        columns = ["system", "runs prompts in", "time to first token", "speed-up", "decode tok/s, batch 1", "x ORT"]
+        columns += ["decode tok/s, batch 8", "x ORT", "resident: anonymous + file-mapped"]
+        if rounds[0].get("perplexity") is not None:
+            columns.append("perplexity")
+            for row, system in zip(rows, runs[name]):
+                row.append(f"{runs[name][system][0]['perplexity']:.3f}")
+        folders = builds[name] + (f"; GQA form {gqa_builds[name]}" if name in gqa_builds else "")
+        made.append(table(f"{name} ({folders})", columns, rows))
+    return made
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--build", action="append", default=[], metavar="NAME=FOLDER", help="a portable export")
+    parser.add_argument(
+        "--gqa-build", action="append", default=[], metavar="NAME=FOLDER", help="NAME's GroupQueryAttention form"
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prefill-tokens", type=int, default=512)
+    parser.add_argument("--decode-prompt-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=33, help="tokens per decode run (the first is prefill's)")
+    parser.add_argument(
+        "--perplexity-text", type=Path, help="also score this text once per system (its first 2048 tokens)"
+    )
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--system", choices=list(SYSTEMS), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    builds = dict(entry.split("=", 1) for entry in args.build)
+    if not builds:
+        parser.error("pass at least one --build NAME=FOLDER")
+    gqa_builds = dict(entry.split("=", 1) for entry in args.gqa_build)
+    runs = {
+        name: {system: [] for system, how in SYSTEMS.items() if name in gqa_builds or not how.get("gqa_form")}
+        for name in builds
+    }
+    for round_index in range(args.rounds):
+        for name in builds:
+            shift = round_index % len(runs[name])  # rotate the systems' order within each export
+            systems = list(runs[name])[shift:] + list(runs[name])[:shift]
+            for system in systems:
+                folder = gqa_builds[name] if SYSTEMS[system].get("gqa_form") else builds[name]
+                run = run_system(folder, system, args, round_index == 0)
+                runs[name][system].append(run)
+                print(f"round {round_index + 1}: {name} {system}: {json.dumps(run)}", flush=True)
+    results = {
+        "title": "The OpenVINO route against ONNX Runtime (CPU)",
+        "command": command_line(),
+        "machine": machine(args.threads, packages=("torch", "transformers", "onnxruntime", "openvino")),
+        "notes": [
+            f"SmolLM2-135M-Instruct's portable exports; each system in a process of its own, {args.rounds} rounds in "
+            f"rotated order. Time to first token: a {args.prefill_tokens}-token prompt at batch 1. Decode: "
+            f"{args.new_tokens - 1} tokens after a {args.decode_prompt_tokens}-token prompt, batch 1 and 8. Figures "
+            "are medians over rounds, ratios (x ORT, speed-up) medians of per-round ratios to ONNX Runtime. Memory: "
+            "the process's resident set at the end (torch, both runtimes and the benchmark's buffers included), "
+            "anonymous (allocated) + file-mapped (the weight file OpenVINO maps; page cache, shared and "
+            "reclaimable)."
+            + (
+                f" Perplexity (once per system): the first 2048 tokens of {args.perplexity_text}, windows of 512 "
+                "tokens 256 apart; every window is a prompt step, so the route and OpenVINO alone score it in "
+                "OpenVINO."
+                if args.perplexity_text
+                else ""
+            )
+        ],
+        "tables": tables(runs, builds, gqa_builds),
+        "raw": {"settings": {k: v for k, v in vars(args).items() if k not in ("json", "markdown")}, "runs": runs},
+    }
+    results["raw"]["settings"] = {k: str(v) for k, v in results["raw"]["settings"].items()}
+    page = write(results, args.json, args.markdown) if args.json else None
+    print(page or json.dumps(results["tables"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

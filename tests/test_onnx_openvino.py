@@ -1,0 +1,244 @@
+"""OpenVINO as the prompt engine of an exported decoder (`engine="openvino"`: prompt steps in OpenVINO, one-token
+steps in ONNX Runtime). Oracles: transformers' own LlamaForCausalLM with the same weights (logits, greedy tokens),
+ONNX Runtime's tokens, the exporter's validation rules, offline `generate` for `vaswani serve --engine openvino`.
+
+On a CPU without bfloat16 (AVX2 only) OpenVINO computes "bf16" in float32 or emulated; the bf16 tests compare with
+transformers' bfloat16 model on the same machine, so they hold either way."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from serving_cases import free_port, offline_answer, tiny_chat_tokenizer, wait_for
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from vaswani.cli import main as vaswani_cli
+from vaswani.conversion.checkpoints import from_transformers
+from vaswani.conversion.onnx.contract import positions_from_mask
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("openvino")
+
+from vaswani.conversion.onnx import OnnxValidationError, OrtModelForCausalLM, export_onnx, validate_onnx_export  # noqa: E402
+from vaswani.conversion.onnx.contract import load_manifest  # noqa: E402
+from vaswani.conversion.onnx.openvino_engine import OpenVinoSession, chosen_engine, openvino_precision  # noqa: E402
+from vaswani.conversion.onnx.validation import TOLERANCES, allowed_difference  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> tuple[LlamaForCausalLM, Path]:
+    """transformers' LlamaForCausalLM (tiny, random, grouped-query, head_dim 16) and its saved folder, with the tiny
+    chat tokenizer (the commands load one)."""
+    torch.manual_seed(0)
+    tokenizer = tiny_chat_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2, pad_token_id=0, eos_token_id=2,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    folder = tmp_path_factory.mktemp("openvino") / "llama"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model, folder
+
+
+@pytest.fixture(scope="module")
+def exports(llama) -> dict[str, Path]:
+    """The Llama folder exported portable (fp32; what OpenVINO reads) and in the default int8 form (ONNX Runtime's
+    GroupQueryAttention, which it cannot)."""
+    _, folder = llama
+    forms = {"portable": {}, "gqa-int8": {"quantize": "int8"}}
+    return {
+        name: export_onnx(folder, folder.parent / name, task="text-generation", validate=False, **options).folder
+        for name, options in forms.items()
+    }
+
+
+def left_padded(batch_lengths: list[int], length: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, vocab, (len(batch_lengths), length), generator=generator)
+    mask = torch.zeros_like(ids)
+    for row, real in enumerate(batch_lengths):
+        mask[row, length - real :] = 1
+        ids[row, : length - real] = 0
+    return ids, mask
+
+
+class CallCounter:
+    """Wraps a session's `run`, counting the calls (which engine ran what)."""
+
+    def __init__(self, session):
+        self.calls, self.run_inner = 0, session.run
+        session.run = self
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.run_inner(*args, **kwargs)
+
+
+@pytest.mark.parametrize("precision", ["f32", "bf16"])
+def test_openvino_prompt_logits_match_transformers_llama(precision, llama, exports):
+    """A left-padded prompt batch run by OpenVINO gives transformers' Llama logits at every real token: within the
+    exporter's fp32 tolerance in f32; in bf16 within the half-precision rule against Llama in bfloat16 (3x its own
+    bfloat16 error, measured against its float32 logits)."""
+    reference, _ = llama
+    model = OrtModelForCausalLM.from_pretrained(exports["portable"], engine="openvino", openvino_precision=precision)
+    prompt_runs = CallCounter(model.graphs["model"].session.prompt_session)
+    ids, mask = left_padded([9, 5, 2], 9, reference.config.vocab_size)
+    actual = model(ids, attention_mask=mask).logits
+    assert prompt_runs.calls == 1 and model.provider == f"OpenVINO ({precision})"
+    positions = positions_from_mask(mask)
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        real = mask.bool()
+        scale = float(expected[real].abs().max())
+        if precision == "f32":
+            kind, tolerance = TOLERANCES["fp32"]
+            allowed = allowed_difference(kind, tolerance, scale, reference.config.num_hidden_layers)
+        else:
+            float32 = expected
+            bfloat16 = copy.deepcopy(reference).to(torch.bfloat16)  # the module fixture's model stays float32
+            expected = bfloat16(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+            own_error = float((expected.float() - float32)[real].abs().max())
+            kind, tolerance = TOLERANCES["fp16"]
+            allowed = allowed_difference(kind, tolerance, scale, reference.config.num_hidden_layers, own_error)
+    difference = float((actual - expected.float())[real].abs().max())
+    assert difference <= allowed, (difference, allowed)
+
+
+def test_greedy_generate_with_openvino_prompts_matches_onnxruntime_and_transformers(llama, exports):
+    """f32: OpenVINO prefills, ONNX Runtime decodes from OpenVINO's cache, and a left-padded batch's greedy tokens
+    are ONNX Runtime's alone and transformers' Llama's."""
+    reference, _ = llama
+    ids, mask = left_padded([7, 4], 7, reference.config.vocab_size)
+    options = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    routed = OrtModelForCausalLM.from_pretrained(exports["portable"], engine="openvino", openvino_precision="f32")
+    session = routed.graphs["model"].session
+    prompt_runs, step_runs = CallCounter(session.prompt_session), CallCounter(session.step_session)
+    tokens = routed.generate(ids, **options)
+    assert (prompt_runs.calls, step_runs.calls) == (1, 7)  # the prompt in OpenVINO, the 7 later tokens' steps in ORT
+    alone = OrtModelForCausalLM.from_pretrained(exports["portable"]).generate(ids, **options)
+    with torch.no_grad():
+        expected = reference.generate(ids, **options)
+    assert torch.equal(tokens, alone) and torch.equal(tokens, expected)
+
+
+@pytest.mark.parametrize("precision", ["f32", "bf16"])
+def test_validation_judges_openvino_by_the_exporters_rules(precision, tmp_path, exports):
+    """`validate_onnx_export(engine="openvino")` passes the export against the model it came from, and fails it
+    against another model (so the rules can fail: here, one weight of the model changed)."""
+    vaswani_model = from_transformers(AutoModelForCausalLM.from_pretrained(exports["portable"].parent / "llama"))
+    report = validate_onnx_export(exports["portable"], vaswani_model, engine="openvino", openvino_precision=precision)
+    assert report.passed and report.provider == f"OpenVINO ({precision})"
+    assert report.tolerance_kind == ("relative per layer" if precision == "f32" else "half precision")
+    with torch.no_grad():
+        vaswani_model.get_decoder().layers[1].mlp.down_proj.weight.mul_(1.5)
+    with pytest.raises(OnnxValidationError, match="logits"):
+        validate_onnx_export(exports["portable"], vaswani_model, engine="openvino", openvino_precision=precision)
+
+
+def test_auto_picks_bf16_and_the_openvino_route_exactly_where_openvino_lists_bf16(exports):
+    """Precision "auto" is bf16 where OpenVINO lists BF16 among the CPU's capabilities; engine "auto" takes the route
+    there for a portable export, and ONNX Runtime for the GroupQueryAttention form, elsewhere, or on CUDA."""
+    import openvino
+
+    has_bf16 = "BF16" in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    assert openvino_precision("auto") == ("bf16" if has_bf16 else "f32")
+    assert openvino_precision("f32") == "f32"
+    with pytest.raises(ValueError, match="'auto', 'f32', 'bf16'"):
+        openvino_precision("fp16")
+    portable, gqa = (load_manifest(exports[name]) for name in ("portable", "gqa-int8"))
+    assert chosen_engine("auto", portable, "CPUExecutionProvider") == ("openvino" if has_bf16 else "onnxruntime")
+    assert chosen_engine("auto", gqa, "CPUExecutionProvider") == "onnxruntime"
+    assert chosen_engine("auto", portable, "CUDAExecutionProvider") == "onnxruntime"
+    assert chosen_engine("openvino", gqa, "CPUExecutionProvider") == "openvino"  # asked for: refused with the fix
+    model = OrtModelForCausalLM.from_pretrained(exports["portable"], engine="auto")
+    assert model.provider == ("OpenVINO (bf16)" if has_bf16 else "CPUExecutionProvider")
+
+
+def test_groupqueryattention_form_is_refused_with_the_fix(exports, capsys):
+    """The default quantized form holds ONNX Runtime-only operators: loading it, validating it and reading its graph
+    directly each say so and name `vaswani export --attention portable`."""
+    folder = exports["gqa-int8"]
+    with pytest.raises(ValueError, match="GroupQueryAttention.*--attention portable"):
+        OrtModelForCausalLM.from_pretrained(folder, engine="openvino")
+    with pytest.raises(ValueError, match="GroupQueryAttention.*--attention portable"):
+        OpenVinoSession(folder / "model.onnx", "f32", 1)
+    assert vaswani_cli(["bench", str(folder), "--engine", "openvino", "--new-tokens", "2", "--rounds", "1"]) == 2
+    assert "--attention portable" in capsys.readouterr().err
+
+
+def test_engine_openvino_is_refused_for_a_pytorch_folder(llama, capsys):
+    _, folder = llama
+    assert vaswani_cli(["bench", str(folder), "--engine", "openvino", "--new-tokens", "2", "--rounds", "1"]) == 2
+    assert "runs ONNX exports" in capsys.readouterr().err
+
+
+def test_serve_engine_openvino_answers_a_chat_like_offline_generate(tiny_chat_pair):
+    """`vaswani serve --engine openvino` (a process of its own): a greedy chat answer equals the PyTorch folder's
+    offline `generate`, and the startup line says which engine runs what."""
+    import httpx
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "vaswani.cli", "serve", str(tiny_chat_pair["onnx"]), "--engine", "openvino"]
+        + ["--openvino-precision", "f32", "--threads", "1", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ),
+    )
+    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
+
+    def up() -> bool:
+        try:
+            return http.get("/health").status_code == 200
+        except httpx.TransportError:
+            return process.poll() is not None
+
+    try:
+        assert wait_for(up, timeout=120) and process.poll() is None, process.stdout.read().decode()
+        messages = [{"role": "user", "content": "Tell me a story."}]
+        body = {"model": "tiny-chat", "messages": messages, "max_tokens": 12, "temperature": 0}
+        response = http.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+    finally:
+        http.close()
+        process.terminate()
+        log = process.communicate(timeout=60)[0].decode()
+    assert "prompt steps in OpenVINO (f32), one-token steps in ONNX Runtime" in log, log
+    tokenizer = AutoTokenizer.from_pretrained(tiny_chat_pair["pytorch"])
+    offline = AutoModelForCausalLM.from_pretrained(tiny_chat_pair["pytorch"]).eval()
+    prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+    text, _ = offline_answer(offline, tokenizer, prompt, 12)
+    assert response.json()["choices"][0]["message"]["content"] == text
+
+
+def test_bench_and_perplexity_commands_take_the_engine(exports, tmp_path, capsys):
+    """`vaswani bench --engine openvino` says in its JSON what ran; `vaswani perplexity --engine openvino` (f32) scores
+    the text as ONNX Runtime does (every window is a prompt step, so OpenVINO scores it)."""
+    folder = str(exports["portable"])
+    output = tmp_path / "bench.json"
+    settings = ["--batch-sizes", "1", "--prompt-tokens", "8", "--new-tokens", "3", "--rounds", "1", "--threads", "1"]
+    assert vaswani_cli(["bench", folder, "--engine", "openvino", *settings, "--json", str(output)]) == 0
+    engine = json.loads(output.read_text())["engine"]
+    assert engine.startswith("prompt steps in OpenVINO (") and engine.endswith("one-token steps in ONNX Runtime")
+    text = tmp_path / "text.txt"
+    text.write_text("Once upon a time there was a little cat who liked to sleep in the sun. " * 8)
+    scores = {}
+    for engine in ("onnxruntime", "openvino"):
+        flags = ["--engine", engine, "--openvino-precision", "f32", "--context", "32", "--stride", "16"]
+        assert vaswani_cli(["perplexity", folder, "--text", str(text), *flags, "--json", str(output)]) == 0
+        scores[engine] = json.loads(output.read_text())["perplexity"]
+    assert scores["openvino"] == pytest.approx(scores["onnxruntime"], rel=1e-4)
+
+
+def test_without_openvino_the_engine_names_the_extra_and_auto_keeps_onnxruntime(exports, monkeypatch):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` now raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'vaswani\[openvino\]'"):
+        OrtModelForCausalLM.from_pretrained(exports["portable"], engine="openvino")
+    assert chosen_engine("auto", load_manifest(exports["portable"]), "CPUExecutionProvider") == "onnxruntime"

@@ -1,0 +1,187 @@
+"""OpenVINO as a second engine for an exported decoder folder (`pip install 'vaswani[openvino]'`): the same portable
+graph file, compiled by OpenVINO for the CPU, behind the part of ONNX Runtime's `InferenceSession` that `OrtGraph`,
+the generation loops and the server call (`run`, `get_inputs`, `get_outputs`, `get_providers`).
+
+Why, and why only for prompts. ONNX Runtime's CPU provider has no bfloat16 or AMX matrix products; OpenVINO computes
+in bfloat16 where the CPU has AVX512_BF16 or AMX. On a 2-core AVX512_BF16 CPU (docs/results/openvino_route_cpu.md)
+that made the prompt steps of SmolLM2-135M faster in every export (fp32, int8, int4), while ONNX Runtime stayed
+faster on one-token decode steps, at batch 1 and 8. So `engine="openvino"` routes each call by its length
+(`RoutedSession`): steps that feed several tokens per row (prompts, prefill chunks) run in OpenVINO, one-token decode
+steps in ONNX Runtime. The portable graph's cache is plain (batch, heads, length, head_dim) tensors in and out, so
+the hand-over is the present tensors of one engine fed as the past of the other. The cost is memory: both runtimes
+hold the weights (OpenVINO in its compute precision).
+
+    >>> model = OrtModelForCausalLM.from_pretrained("onnx-folder", engine="openvino")       # bf16 where the CPU has it
+    >>> model = OrtModelForCausalLM.from_pretrained("onnx-folder", engine="openvino", openvino_precision="f32")
+    >>> OpenVinoSession("onnx-folder/model.onnx", precision="bf16", threads=2).run(None, feeds)  # one graph, alone
+"""
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ENGINES = ("onnxruntime", "openvino", "auto")
+PRECISIONS = ("auto", "f32", "bf16")
+# What OpenVINO calls the precisions (its INFERENCE_PRECISION_HINT), and what `get_providers` reports.
+OPENVINO_TYPES = {"f32": "f32", "bf16": "bf16"}
+PROVIDER_NAME = "OpenVINO"
+
+
+def import_openvino():
+    try:
+        import openvino
+    except ImportError as error:
+        raise ImportError(
+            f"engine='openvino' needs OpenVINO ({error}); install it with pip install 'vaswani[openvino]'."
+        ) from error
+    return openvino
+
+
+def check_engine(engine: str, precision: str = "auto") -> None:
+    """Raise a ValueError naming the choices for an unknown `engine` or OpenVINO `precision`."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} is not supported; use one of {list(ENGINES)}.")
+    if precision not in PRECISIONS:
+        raise ValueError(f"openvino_precision={precision!r} is not supported; use one of {list(PRECISIONS)}.")
+
+
+def chosen_engine(engine: str, manifest: dict, provider: str) -> str:
+    """What `engine="auto"` runs: "openvino" where the route was measured faster (a text-generation export in the
+    portable form, on the CPU provider, OpenVINO installed, and a CPU that computes bfloat16), else "onnxruntime".
+    Any other `engine` is returned as it is."""
+    if engine != "auto":
+        return engine
+    from .gqa_runtime import is_gqa_form
+
+    if manifest["task"] != "text-generation" or provider != "CPUExecutionProvider" or is_gqa_form(manifest):
+        return "onnxruntime"
+    try:
+        return "openvino" if openvino_precision("auto") == "bf16" else "onnxruntime"
+    except ImportError:
+        return "onnxruntime"
+
+
+def openvino_precision(requested: str = "auto") -> str:
+    """The compute precision OpenVINO runs in: `requested` when it is "f32" or "bf16", else ("auto") "bf16" where the
+    CPU computes bfloat16 natively (AVX512_BF16 or AMX: OpenVINO lists "BF16" among the CPU's optimization
+    capabilities) and "f32" elsewhere. Forced "bf16" on a CPU without it runs, emulated and slower."""
+    check_engine("openvino", requested)
+    if requested != "auto":
+        return requested
+    capabilities = import_openvino().Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    return "bf16" if "BF16" in capabilities else "f32"
+
+
+class _NodeArg:
+    """What `get_inputs` / `get_outputs` return, as ONNX Runtime's NodeArg: the name."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+class OpenVinoSession:
+    """One exported graph compiled by OpenVINO for the CPU, run like an ONNX Runtime session.
+
+    `precision` is "f32" or "bf16" (see `openvino_precision`), `threads` OpenVINO's inference threads (as ONNX
+    Runtime's intra-op threads). Inputs are read in place (`share_inputs`), outputs copied out, so a returned array
+    stays valid after the next run. One infer request, guarded by a lock: calls from several threads take turns.
+
+    Example:
+        >>> session = OpenVinoSession("onnx-folder/model.onnx", precision="bf16", threads=2)
+        >>> logits, *present = session.run(None, feeds)   # feeds: name -> numpy array, as ONNX Runtime takes them
+    """
+
+    def __init__(self, path: str | Path, precision: str, threads: int):
+        openvino = import_openvino()
+        self.path, self.precision, self.threads = Path(path), precision, threads
+        core = openvino.Core()
+        try:
+            model = core.read_model(str(path))
+        except RuntimeError as error:
+            raise ValueError(unreadable_graph_message(self.path, error)) from error
+        properties = {"INFERENCE_PRECISION_HINT": OPENVINO_TYPES[precision], "INFERENCE_NUM_THREADS": int(threads)}
+        self.compiled = core.compile_model(model, "CPU", properties)
+        self.request = self.compiled.create_infer_request()
+        self.input_names = [port.get_any_name() for port in self.compiled.inputs]
+        self.output_names = [port.get_any_name() for port in self.compiled.outputs]
+        self.output_ports = dict(zip(self.output_names, self.compiled.outputs))
+        self.lock = threading.Lock()
+
+    def run(self, output_names: list[str] | None, feeds: dict[str, np.ndarray], run_options: Any = None) -> list:
+        """The outputs named (all, in graph order, for None) of one inference on `feeds`, as numpy arrays."""
+        with self.lock:
+            results = self.request.infer(feeds, share_inputs=True, share_outputs=False)
+        return [results[self.output_ports[name]] for name in output_names or self.output_names]
+
+    def get_inputs(self) -> list[_NodeArg]:
+        return [_NodeArg(name) for name in self.input_names]
+
+    def get_outputs(self) -> list[_NodeArg]:
+        return [_NodeArg(name) for name in self.output_names]
+
+    def get_providers(self) -> list[str]:
+        return [f"{PROVIDER_NAME} ({self.precision})"]
+
+
+class RoutedSession:
+    """Prompt steps in OpenVINO, one-token steps in ONNX Runtime: `run` sends a call whose `input_ids` hold more than
+    one token per row to `prompt_session`, every other call to `step_session`. Both compile the same graph file, so
+    their inputs and outputs are the same and each one's present cache is the other's past.
+
+    Example:
+        >>> session = RoutedSession(OpenVinoSession(path, "bf16", 2), onnxruntime.InferenceSession(path, options))
+        >>> logits, *present = session.run(None, {"input_ids": prompt, ...})       # OpenVINO
+        >>> logits, *present = session.run(None, {"input_ids": next_tokens, ...})  # ONNX Runtime
+    """
+
+    def __init__(self, prompt_session: OpenVinoSession, step_session: Any):
+        self.prompt_session, self.step_session = prompt_session, step_session
+        if {arg.name for arg in prompt_session.get_inputs()} != {arg.name for arg in step_session.get_inputs()}:
+            raise ValueError("The two sessions of a RoutedSession must run the same graph.")
+
+    def session_for(self, feeds: dict[str, np.ndarray]) -> Any:
+        ids = feeds.get("input_ids")
+        prompt = ids is None or ids.ndim < 2 or ids.shape[1] > 1
+        return self.prompt_session if prompt else self.step_session
+
+    def run(self, output_names: list[str] | None, feeds: dict[str, np.ndarray], run_options: Any = None) -> list:
+        return self.session_for(feeds).run(output_names, feeds)
+
+    def get_inputs(self) -> list:
+        return self.step_session.get_inputs()
+
+    def get_outputs(self) -> list:
+        return self.step_session.get_outputs()
+
+    def get_providers(self) -> list[str]:
+        """The prompt engine first (what `OrtModel.provider` reports), then ONNX Runtime's providers."""
+        return [*self.prompt_session.get_providers(), *self.step_session.get_providers()]
+
+
+def unreadable_graph_message(path: Path, error: Exception) -> str:
+    """Why OpenVINO could not read `path`, with the fix: the ONNX Runtime-only operators it holds (the
+    GroupQueryAttention form and fused norms of quantized and --optimize exports), which a portable export avoids."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    contrib = sorted({node.op_type for node in graph.node if node.domain not in ("", "ai.onnx")})
+    detail = f" It holds ONNX Runtime-only operators: {', '.join(contrib)}." if contrib else ""
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (
+        f"OpenVINO cannot read {path} ({first_line}).{detail} Export the model again with "
+        f"`vaswani export --attention portable` (and without --optimize) for a graph that OpenVINO reads."
+    )
+
+
+def refuse_unreadable_form(folder: Path, manifest: dict) -> None:
+    """Refuse, before compiling anything, a folder whose decoder is the GroupQueryAttention form (ONNX Runtime-only)."""
+    from .gqa_runtime import is_gqa_form
+
+    if is_gqa_form(manifest):
+        raise ValueError(
+            f"{folder} holds the GroupQueryAttention form of the decoder (com.microsoft.GroupQueryAttention, what "
+            f"--quantize and --optimize write by default), which only ONNX Runtime runs. For engine='openvino', "
+            f"export the model again with `vaswani export --attention portable`."
+        )
