@@ -109,7 +109,11 @@ def write_safetensors(path: Path, shapes: dict[str, tuple[int, ...]], dtype: tor
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, shape in shapes.items():
         size = math.prod(shape) * item
-        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the format aligns the data to 8 bytes
@@ -165,7 +169,9 @@ def _write_tokenizer(output: Path, source: str | Path | None, vocab_size: int) -
     source = Path(source)
     copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
     if "tokenizer.json" not in copied:
-        raise FileNotFoundError(f"{source} has no tokenizer.json; pass a folder with a fast tokenizer, or no --tokenizer.")
+        raise FileNotFoundError(
+            f"{source} has no tokenizer.json; pass a folder with a fast tokenizer, or no --tokenizer."
+        )
     ids = len(json.loads((source / "tokenizer.json").read_text())["model"]["vocab"])
     if ids > vocab_size:
         raise ValueError(f"{source}'s tokenizer has {ids} ids; this shape's vocabulary has only {vocab_size}.")
