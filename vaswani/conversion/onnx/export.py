@@ -376,7 +376,12 @@ def export_onnx(
             specs = build_graph_specs(export_model, task, DTYPES[dtype])
             graphs = _export_graphs(export_model, task, specs, DTYPES[dtype], device, opset, stamp_layers, say)
         for spec in specs:
-            save_graph(graphs.pop(spec.name), staging / spec.file)
+            graph = graphs.pop(spec.name)
+            save_graph(graph, staging / spec.file)
+            # torch.onnx keeps its last program, this graph included, past the export: the graph's arrays are views
+            # of the model's weights, which could then never be freed.
+            for value in graph.graph.initializers.values():
+                value.const_value = None
         _write_side_files(staging, module, task, source, say)
         references = pytorch_references(export_model, task, dtype, device, family) if validate else None
         if source is not None and not (references and references.models):
