@@ -9,6 +9,14 @@ bound is bandwidth / weight bytes steps per second, and "of the bound" is the me
 it. The weights are seeded random values at a trained model's scales: speed does not depend on them, and quality is
 not measured here. Each row is the best of the rounds (the machine is shared: the best round is the least
 disturbed); every round's figure is in the JSON.
+
+`--export MODEL` first writes the builds (`WORK/NAME-fp32`, `-int8`, `-int4`) with `export_onnx(..., validate=False)`,
+each in a process of its own: random weights at trained scales amplify rounding error about twenty times more than
+trained weights (int8 moves SmolLM2-135M-shaped random logits by 23% RMS, the trained model's by 1%), so validation's
+quantized bounds, set for trained models, refuse these builds; the graphs are the ones a validated export writes.
+
+    python benchmarks/benchmark_reference_cpu.py --export smol-360m=/tmp/big/smol-360m --work /tmp/big/builds \
+        --json docs/results/benchmark_1b_cpu.json --markdown docs/results/benchmark_1b_cpu.md
 """
 
 import argparse
@@ -20,6 +28,25 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from benchmark_gpu import run, summarize  # noqa: E402
 from results import from_markdown, write  # noqa: E402
+
+PRECISIONS = {"fp32": {}, "int8": {"quantize": "int8"}, "int4": {"quantize": "int4"}}
+
+
+def export_builds(name: str, model: Path, work: Path, precisions: list[str], int4_options: dict) -> dict[str, str]:
+    """`export_onnx(model, WORK/NAME-PRECISION, validate=False)` per precision, each in a fresh process (unless the
+    folder is there already); returns {build name: folder}."""
+    builds = {}
+    for precision in precisions:
+        folder = work / f"{name}-{precision}"
+        options = {**PRECISIONS[precision], **(int4_options if precision == "int4" else {})}
+        if not (folder / "manifest.json").is_file():
+            code = (
+                "from vaswani.conversion.onnx import export_onnx; "
+                f"export_onnx({str(model)!r}, {str(folder)!r}, validate=False, overwrite=True, progress=print, **{options!r})"
+            )
+            run([sys.executable, "-c", code])
+        builds[f"{name}-{precision}"] = str(folder)
+    return builds
 
 
 def describe(folder: Path) -> str:
@@ -69,7 +96,11 @@ def render(report: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--build", action="append", required=True, metavar="NAME=FOLDER", help="an export to time")
+    parser.add_argument("--build", action="append", default=[], metavar="NAME=FOLDER", help="an export to time")
+    parser.add_argument("--export", action="append", default=[], metavar="NAME=MODEL", help="export a model first")
+    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=list(PRECISIONS))
+    parser.add_argument("--int4-method", help="int4 exports' method (default: export_onnx's)")
+    parser.add_argument("--int4-8bit-budget", type=float, help="int4 exports' 8-bit budget (default: export_onnx's)")
     parser.add_argument("--rounds", type=int, default=1, help="process rounds per build (1)")
     parser.add_argument("--bench-rounds", type=int, default=1, help="timed rounds inside each `vaswani bench` (1)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
@@ -80,8 +111,13 @@ def main() -> None:
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
-    builds = dict(build.split("=", 1) for build in args.build)
     args.work.mkdir(parents=True, exist_ok=True)
+    builds = dict(build.split("=", 1) for build in args.build)
+    int4_options = {"int4_method": args.int4_method, "int4_8bit_budget": args.int4_8bit_budget}
+    int4_options = {key: value for key, value in int4_options.items() if value is not None}
+    for export in args.export:
+        name, model = export.split("=", 1)
+        builds.update(export_builds(name, Path(model), args.work, args.precisions, int4_options))
     report = {
         "settings": {
             "rounds": args.rounds,

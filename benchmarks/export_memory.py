@@ -104,6 +104,7 @@ def measure_export(model: Path, output: Path, options: list[str]) -> dict:
         "command": "vaswani " + " ".join(arguments),
         "seconds": seconds,
         "peak_rss_bytes": usage.ru_maxrss * 1024,
+        "cpu_seconds": usage.ru_utime + usage.ru_stime,  # less disturbed than wall time by other jobs' load
         "stages": stages(lines, samples, seconds),
         "log_tail": [line for _, line in lines[-60:]],
     }

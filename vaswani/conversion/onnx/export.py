@@ -383,7 +383,10 @@ def export_onnx(
             for value in graph.graph.initializers.values():
                 value.const_value = None
         _write_side_files(staging, module, task, source, say)
-        references = pytorch_references(export_model, task, dtype, device, family) if validate else None
+        references = None
+        if validate:
+            say("Running PyTorch's side of validation")
+            references = pytorch_references(export_model, task, dtype, device, family)
         if source is not None and not (references and references.models):
             # The model is this export's own and nothing below reads its weights (a decoder's validation ran PyTorch
             # already): without it, ONNX Runtime's copy of the weights is the only one in memory.
