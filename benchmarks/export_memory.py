@@ -1,8 +1,9 @@
 """Peak resident memory and wall time of `vaswani export`, stage by stage, against the size of the model's weights.
 
     python benchmarks/reference_shapes.py --shape llama-3.2-1b --output /tmp/big/llama-1b
-    python benchmarks/export_memory.py --model /tmp/big/llama-1b --work /tmp/big/exports \\
+    python benchmarks/export_memory.py --model /tmp/big/llama-1b --work /tmp/big/exports --label after \\
         --json docs/results/exporter_1b.json --markdown docs/results/exporter_1b.md
+    python benchmarks/export_memory.py --render --json docs/results/exporter_1b.json --markdown docs/results/exporter_1b.md
 
 Each precision (fp32, int8, int4 with its default 8-bit budget) is one `vaswani export --model` in a process of its
 own, one after the other (never two at once: a 1B export needs gigabytes). While it runs, this script reads the
@@ -146,16 +147,19 @@ def render(raw: dict) -> str:
         "maps, such as the safetensors weights, count as they are read). Targets: peak RSS at most 1.5x the float32 "
         "weights, an fp32 export within 60 s on 2 cores.",
         "",
+        *(line for note in raw.get("notes", []) for line in (note, "")),
         "**Exports**",
         "",
-        "| code | precision | wall time | peak RSS | peak / fp32 weights | folder | result |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "| code | precision | wall time | CPU time | peak RSS | peak / fp32 weights | folder | result |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for label, runs in raw["runs"].items():
         for precision, run in runs.items():
+            cpu = f"{run['cpu_seconds']:.0f} s" if "cpu_seconds" in run else "-"
+            folder = f"{run['output_bytes'] / GB:.2f} GB" if "output_bytes" in run else "-"
             lines.append(
-                f"| {label} | {precision} | {run['seconds']:.0f} s | {run['peak_rss_bytes'] / GB:.2f} GB | "
-                f"{run['peak_rss_bytes'] / weights:.2f}x | {run.get('output_bytes', 0) / GB:.2f} GB | "
+                f"| {label} | {precision} | {run['seconds']:.0f} s | {cpu} | {run['peak_rss_bytes'] / GB:.2f} GB | "
+                f"{run['peak_rss_bytes'] / weights:.2f}x | {folder} | "
                 f"{run.get('outcome', 'written, validated')} |"
             )
     for label, runs in raw["runs"].items():
@@ -177,7 +181,8 @@ def render(raw: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, required=True, help="a transformers model folder")
+    parser.add_argument("--model", type=Path, help="a transformers model folder")
+    parser.add_argument("--render", action="store_true", help="publish --json's runs again, measuring nothing")
     parser.add_argument("--work", type=Path, default=Path("/tmp/vaswani-export-memory"), help="exports go here")
     parser.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS))
     parser.add_argument("--label", default="this commit", help="what code ran (several labels share one JSON)")
@@ -187,6 +192,11 @@ def main() -> None:
     raw = {"runs": {}}
     if args.json and args.json.is_file():
         raw = json.loads(args.json.read_text())["raw"]
+    if args.render:
+        print(publish(raw, args.json, args.markdown))
+        return
+    if args.model is None:
+        parser.error("--model is required (or --render with --json)")
     raw["weights_bytes"] = weight_bytes(args.model)
     raw["model_description"] = args.model.name
     config = args.model / "config.json"
