@@ -6,9 +6,10 @@ speed beside transformers' own model, each system timed by `vaswani bench` in a 
     python benchmarks/benchmark_gpu.py --render docs/results/benchmark_gpu.json --markdown docs/results/benchmark_gpu.md
 
 The model is transformers' `LlamaForCausalLM` with SmolLM2-135M-Instruct's configuration and seeded random weights
-drawn at each tensor's mean and standard deviation in the trained checkpoint (`shapes/smollm2-135m.json`): decode
-speed does not depend on the values, and the scales keep activations where a trained model has them. Quality is not
-measured here. The prompts are token ids of a small ChatML tokenizer built from the bundled stories.
+drawn at each tensor's mean and standard deviation in the trained checkpoint (`reference_shapes.py`, which
+`--shape` may also point at SmolLM2-360M's or Llama-3.2-1B's shape): decode speed does not depend on the values, and
+the scales keep activations where a trained model has them. Quality is not measured here. The prompts are token ids
+of a small ChatML tokenizer built from the bundled stories.
 
 Systems (fp16 weights, greedy, `vaswani bench --batch-sizes 1 8`):
 - `vaswani-ort-cuda`: the `vaswani export --dtype fp16 --device cuda` folder on ONNX Runtime's CUDA provider, inputs,
@@ -30,7 +31,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SHAPES = {"smollm2-135m": HERE / "shapes" / "smollm2-135m.json"}
+sys.path.insert(0, str(HERE))
+from reference_shapes import SHAPES, write_reference_folder  # noqa: E402
+
 SYSTEMS = {
     "vaswani-ort-cuda": "onnx-fp16",
     "transformers-static": "llama-fp16-static",
@@ -51,26 +54,14 @@ CHAT_QUESTIONS = [
 
 def make_llama_folders(work: Path, shape: str) -> None:
     """`work/llama-fp16` (a transformers LlamaForCausalLM folder, fp16, random weights at trained scales, with a chat
-    tokenizer) and `work/llama-fp16-static` (the same weights; its generation config asks for a static cache)."""
+    tokenizer: `reference_shapes.py`) and `work/llama-fp16-static` (the same weights; its generation config asks for
+    a static cache)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from vaswani.chat import chat_tokenizer
-    from vaswani.data import corpus_stories
 
     folder = work / "llama-fp16"
     if (folder / "config.json").is_file():
         return
-    recipe = json.loads(SHAPES[shape].read_text())
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**recipe["config"]))
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():  # a tied LM head is the embedding, drawn once
-            mean, std = recipe["scales"][name]
-            parameter.normal_(mean, std)
-    model.generation_config.eos_token_id = None  # every benchmark row decodes its full count
-    model.to(torch.float16).save_pretrained(folder)
-    chat_tokenizer(corpus_stories()[:300], vocab_size=1000).save_pretrained(folder)
+    write_reference_folder(shape, folder, torch.float16)
     static = work / "llama-fp16-static"
     shutil.copytree(folder, static, dirs_exist_ok=True)
     generation = json.loads((static / "generation_config.json").read_text())

@@ -9,6 +9,8 @@ Exports are slow (seconds each), so each configuration is exported once per sess
 onnx_cases.py) and shared.
 """
 
+import re
+import resource
 from collections import Counter
 
 import numpy as np
@@ -315,6 +317,13 @@ def test_cli_quantized_export_quantizes_every_weight_matmul_and_replaces_the_fol
     assert main(arguments) == 0
     out, err = capsys.readouterr()
     assert "Exporting graph 'model'" in err and "Quantizing" in err
+    # Each stage's line says when it began and the peak resident memory so far (the process's own, never above it).
+    stages = re.findall(r"  \[(\d+\.\d) s, peak RSS (\d+\.\d\d) GB\]$", err, flags=re.M)
+    staged = [line for line in err.splitlines() if line.startswith(("Exporting graph", "Quantizing", "Validating"))]
+    assert len(staged) >= 3 and all(re.search(r"\[\S+ s, peak RSS \S+ GB\]$", line) for line in staged), err
+    seconds, peaks = [float(at) for at, _ in stages], [float(peak) for _, peak in stages]
+    assert seconds == sorted(seconds) and peaks == sorted(peaks) and peaks[0] > 0
+    assert peaks[-1] <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9 + 0.01
     assert "| model | logits |" in out  # the validation table ends the output
     assert not (output / "old.txt").exists()
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model", "out"]  # no staging or replaced folder left

@@ -502,3 +502,23 @@ def test_gptq_calibrates_an_encoder_decoder_with_few_positions(tmp_path):
         file = tmp_path / "out" / result.manifest["graphs"][graph]["file"]
         nodes = onnx.load(str(file), load_external_data=False).graph.node
         assert any(node.op_type == "MatMulNBits" for node in nodes)
+
+
+def test_fisher_scoring_holds_one_gradient_at_a_time():
+    """The 8-bit budget's scoring squares each weight's gradient into its total as the backward pass makes it and drops
+    it: never the whole model's gradients at once (a second copy of a 1B model's weights). Observed by a hook that
+    runs as each gradient lands, beside the scorer's own; afterwards no gradient is left and `requires_grad` is as it
+    was. The scores themselves are checked against the KL divergence above."""
+    model = build_model(VaswaniForCausalLM, tiny_decoder_config(num_hidden_layers=2))
+    model.model.norm.weight.requires_grad_(False)
+    wanted = [parameter.requires_grad for parameter in model.parameters()]
+    alive = []
+    for linear in [module for module in model.modules() if isinstance(module, torch.nn.Linear)]:
+        linear.weight.register_post_accumulate_grad_hook(
+            lambda _: alive.append(sum(other.grad is not None for other in model.parameters()))
+        )
+    windows = [np.random.default_rng(seed).integers(0, model.config.vocab_size, (1, 16)) for seed in range(2)]
+    scores = fisher_row_scores(model, windows, block_size=BLOCK)
+    assert scores and len(alive) == 2 * 2 * 6 and set(alive) == {1}  # 2 windows x 2 layers x 6 matrices, one at a time
+    assert all(parameter.grad is None for parameter in model.parameters())
+    assert [parameter.requires_grad for parameter in model.parameters()] == wanted

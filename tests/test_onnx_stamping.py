@@ -194,3 +194,34 @@ def test_a_graph_the_stamper_does_not_recognize_is_traced_whole(tmp_path, monkey
     assert result.validation.passed
     inputs = [spec["name"] for spec in result.manifest["graphs"]["model"]["inputs"]]
     assert inputs[-3:] == ["past_key_values.2.key", "past_key_values.2.value", "logits_positions"]
+
+
+def test_a_stamped_graph_holds_no_copy_of_the_weights():
+    """Until it is saved, a stamped graph's weights are the model's own memory, or made when they are written (the
+    transposed MatMul weights, the fused q/k/v and gate/up ones): one at a time, not a second copy of the whole model
+    beside it (4 GB for a 1B model). Oracle: numpy's `shares_memory` with the model's parameters."""
+    from vaswani.conversion.onnx.export import _export_graphs
+    from vaswani.conversion.onnx.formulations import LLM_OPSET
+    from vaswani.conversion.onnx.wrappers import build_graph_specs
+
+    onnx_ir = pytest.importorskip("onnx_ir")
+    config = tiny_decoder_config(position_embedding_type="rope", num_hidden_layers=LAYERS, **ROPE)
+    model = build_model(VaswaniForCausalLM, config, "sdpa")
+    specs = build_graph_specs(model, "text-generation", torch.float32)
+    lines = []
+    graph = _export_graphs(model, "text-generation", specs, torch.float32, "cpu", LLM_OPSET, True, lines.append)
+    assert any(f"stamped to {LAYERS}" in line for line in lines), lines
+    parameters = [parameter.detach().numpy() for parameter in model.parameters()]
+    weight_bytes = sum(array.nbytes for array in parameters)
+    held, lazy = {}, {}
+    for value in graph["model"].graph.initializers.values():
+        if isinstance(value.const_value, onnx_ir.LazyTensor):
+            lazy[value.name] = value.const_value.nbytes
+            continue
+        array = value.const_value.numpy()
+        if not any(np.shares_memory(array, parameter) for parameter in parameters):
+            held[value.name] = array.nbytes
+    # What a graph holds of its own: shape constants and rotary tables, a small part of the weights.
+    assert sum(held.values()) < 0.05 * weight_bytes, sorted(held.items(), key=lambda item: -item[1])[:5]
+    # The MatMul weights, transposed and fused, are most of the model: made when written.
+    assert sum(lazy.values()) > 0.5 * weight_bytes, lazy

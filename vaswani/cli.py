@@ -21,6 +21,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 
@@ -218,7 +219,7 @@ def _run_export(args: argparse.Namespace) -> int:
             tolerance=args.tolerance,
             opset=args.opset,
             stamp_layers=not args.full_trace,
-            progress=lambda message: print(message, file=sys.stderr, flush=True),
+            progress=_stage_progress(),
         )
     except OnnxValidationError as error:
         print(error.report)
@@ -232,6 +233,25 @@ def _run_export(args: argparse.Namespace) -> int:
         return 2
     print(result.validation)
     return 0
+
+
+def _stage_progress() -> Callable[[str], None]:
+    """Print each progress line to stderr with when it came and the process's peak resident memory so far:
+    "Validating fp32 graphs against PyTorch  [61.4 s, peak RSS 5.40 GB]", so that a user sees what each stage costs."""
+    import resource
+    import time
+
+    start = time.perf_counter()
+
+    def say(message: str) -> None:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+        print(
+            f"{message}  [{time.perf_counter() - start:.1f} s, peak RSS {peak / 1e9:.2f} GB]",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return say
 
 
 def _add_serve_parser(subparsers: argparse._SubParsersAction) -> None:

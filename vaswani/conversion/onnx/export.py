@@ -53,6 +53,7 @@ from .formulations import LLM_OPSET, exporting_formulations, fuse_sibling_matmul
 from .int4 import CALIBRATION_WINDOW, calibrate, calibration_windows
 from .ort_llm import attention_form_plan, rewrite_decoder_attention
 from .postprocess import optimize_graph, quantization_format, quantize_graph
+from .references import pytorch_references
 from .sensitivity import export_row_scores
 from .stamping import TEMPLATE_LAYERS, StampingRefused, stamped_graphs, stamping_depths
 from .tasks import GENERATION_TASKS, cast_model, family_of, infer_task, load_for_task, task_model
@@ -397,8 +398,21 @@ def export_onnx(
             specs = build_graph_specs(export_model, task, DTYPES[dtype])
             graphs = _export_graphs(export_model, task, specs, DTYPES[dtype], device, opset, stamp_layers, say)
         for spec in specs:
-            save_graph(graphs.pop(spec.name), staging / spec.file)
+            graph = graphs.pop(spec.name)
+            save_graph(graph, staging / spec.file)
+            # torch.onnx keeps its last program, this graph included, past the export: the graph's arrays are views
+            # of the model's weights, which could then never be freed.
+            for value in graph.graph.initializers.values():
+                value.const_value = None
         _write_side_files(staging, module, task, source, say)
+        references = None
+        if validate:
+            say("Running PyTorch's side of validation")
+            references = pytorch_references(export_model, task, dtype, device, family)
+        if source is not None and not (references and references.models):
+            # The model is this export's own and nothing below reads its weights (a decoder's validation ran PyTorch
+            # already): without it, ONNX Runtime's copy of the weights is the only one in memory.
+            _free_weights(model, module, export_model)
 
         def write_manifest_and_validate(stage_quantization) -> ValidationReport | None:
             manifest = build_manifest(
@@ -428,7 +442,7 @@ def export_onnx(
                 return None
             say(f"Validating {stage_quantization.name if stage_quantization else dtype} graphs against PyTorch")
             report = validate_onnx_export(
-                staging, export_model, tolerance=tolerance if stage_quantization is quantization else None
+                staging, tolerance=tolerance if stage_quantization is quantization else None, references=references
             )
             manifest["validation"] = report.to_json()
             write_manifest(staging, manifest)
@@ -509,6 +523,14 @@ def _export_graphs(
         say(f"Exporting graph {spec.name!r} with torch.onnx.export(dynamo=True)")
         graphs[spec.name] = export_graph(spec, model.config, device, opset)
     return graphs
+
+
+def _free_weights(*models: torch.nn.Module) -> None:
+    """Drop the storage of every parameter of `models` (each becomes an empty tensor; config, buffers and structure
+    stay)."""
+    for model in models:
+        for parameter in model.parameters():
+            parameter.data = torch.empty(0, dtype=parameter.dtype, device=parameter.device)
 
 
 def _default_file_mode(folder: Path) -> int:

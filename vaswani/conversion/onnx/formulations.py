@@ -240,19 +240,19 @@ def fuse_sibling_matmuls(model: onnx_ir.Model) -> int:
         if len(nodes) < 2 or len(dtypes) != 1:
             continue
         weights = [node.inputs[1] for node in nodes]
-        arrays = [weight.const_value.numpy() for weight in weights]
         name = nodes[0].name or weights[0].name
         # Each product's bias addition, if every one has one: they become one addition before the Split.
         bias_adds = [_bias_addition(node) for node in nodes]
         biased = all(add is not None for add in bias_adds)
-        constants = {"fused_weight": np.concatenate(arrays, 1)}
-        constants["fused_widths"] = np.array([a.shape[1] for a in arrays], np.int64)
+        widths = [weight.const_value.shape[1] for weight in weights]
+        constants = {"fused_weight": _concatenated([weight.const_value for weight in weights])}
+        constants["fused_widths"] = onnx_ir.tensor(np.array(widths, np.int64))
         biases = [_constant_input(add) for add in bias_adds] if biased else []
         if biased:
-            constants["fused_bias"] = np.concatenate([bias.const_value.numpy() for bias in biases])
+            constants["fused_bias"] = onnx_ir.tensor(np.concatenate([bias.const_value.numpy() for bias in biases]))
         values = {}
-        for key, array in constants.items():
-            values[key] = onnx_ir.Value(name=f"{name}.{key}", const_value=onnx_ir.tensor(array))
+        for key, tensor in constants.items():
+            values[key] = onnx_ir.Value(name=f"{name}.{key}", const_value=tensor)
             values[key].shape, values[key].dtype = values[key].const_value.shape, values[key].const_value.dtype
             graph.register_initializer(values[key])
         product = onnx_ir.node("MatMul", [activation, values["fused_weight"]], name=f"{name}.fused")
@@ -273,6 +273,17 @@ def fuse_sibling_matmuls(model: onnx_ir.Model) -> int:
                 graph.initializers.pop(initializer.name)
         removed += len(nodes) - 1
     return removed
+
+
+def _concatenated(parts: list[onnx_ir.TensorProtocol]) -> onnx_ir.TensorProtocol:
+    """The 2-D `parts` side by side (along the output axis), concatenated only when read or written: one fused weight
+    at a time in memory, not every fused weight of the model at once beside the model itself."""
+    rows = parts[0].shape[0]
+    return onnx_ir.LazyTensor(
+        lambda: onnx_ir.tensor(np.concatenate([part.numpy() for part in parts], 1)),
+        dtype=parts[0].dtype,
+        shape=onnx_ir.Shape([rows, sum(part.shape[1] for part in parts)]),
+    )
 
 
 def _constant_input(add: onnx_ir.Node) -> onnx_ir.Value:

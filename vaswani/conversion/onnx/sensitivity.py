@@ -114,22 +114,35 @@ def fisher_row_scores(
     weights = list(dict.fromkeys(module.weight for module in linears if module.weight is not head_weight))
     fisher = [torch.zeros_like(weight) for weight in weights]  # float32: the ranking needs no more, memory does
     generator = torch.Generator().manual_seed(seed)
-    was_training, wanted_grad = model.training, [weight.requires_grad for weight in weights]
+    parameters = list(model.parameters())
+    was_training, wanted_grad = model.training, [parameter.requires_grad for parameter in parameters]
+    scored = {id(weight) for weight in weights}
+
+    def accumulate(total: torch.Tensor) -> Callable[[torch.Tensor], None]:
+        def hook(weight: torch.Tensor) -> None:
+            # Each gradient is squared into its total as the backward pass makes it, then dropped: the whole model's
+            # gradients at once would add the model's size again to the peak (5 GB for a 1B model).
+            total.add_(weight.grad.square())
+            weight.grad = None
+
+        return hook
+
     model.eval()
+    hooks = [weight.register_post_accumulate_grad_hook(accumulate(total)) for weight, total in zip(weights, fisher)]
     try:
-        for weight in weights:
-            weight.requires_grad_(True)
+        for parameter in parameters:
+            parameter.requires_grad_(id(parameter) in scored)
         with torch.enable_grad():
             for window in windows:
                 logits = model(**_model_inputs(model, torch.as_tensor(window))).logits.float()
                 logits = logits.reshape(-1, logits.shape[-1])
                 labels = torch.multinomial(torch.softmax(logits.detach(), -1), 1, generator=generator).squeeze(1)
-                loss = nn.functional.cross_entropy(logits, labels, reduction="sum")
-                for total, gradient in zip(fisher, torch.autograd.grad(loss, weights)):
-                    total += gradient.square()
+                nn.functional.cross_entropy(logits, labels, reduction="sum").backward()
     finally:
-        for weight, wanted in zip(weights, wanted_grad):
-            weight.requires_grad_(wanted)
+        for hook in hooks:
+            hook.remove()
+        for parameter, wanted in zip(parameters, wanted_grad):
+            parameter.requires_grad_(wanted)
         model.train(was_training)
     scores: dict[int, float] = {}
     for weight, information in zip(weights, fisher):

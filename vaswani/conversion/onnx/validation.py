@@ -11,15 +11,14 @@ import numpy as np
 import onnxruntime as ort
 import torch
 from transformers import PreTrainedModel
-from transformers.cache_utils import Cache
 
 from ...modeling import cache_of
-from .contract import DTYPES, PAST_PLUS_SEQUENCE, load_manifest, padded_mask, positions_from_mask
+from .contract import PAST_PLUS_SEQUENCE, load_manifest, padded_mask
 from .gqa_runtime import GqaValidationRunner, is_gqa_form
 from .openvino_engine import PROVIDER_NAME, OpenVinoSession, check_engine, chosen_engine, refuse_unreadable_form
 from .openvino_engine import openvino_precision as resolve_openvino_precision
+from .references import PyTorchReferences, named_cache, on_device, pytorch_references, random_ids
 from .session import PROVIDERS, cuda_provider_options
-from .tasks import cast_model, task_model
 
 # Default validation tolerances, each relative to the output's scale (its largest absolute reference value, at least
 # 1) and, where errors compound layer by layer, to the model's depth, so that one default serves a 2-layer test model
@@ -401,14 +400,6 @@ def _numpy(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return {name: tensor.detach().cpu().numpy() for name, tensor in tensors.items()}
 
 
-def _named_cache(prefix: str, cache: Cache) -> dict[str, torch.Tensor]:
-    return {
-        f"{prefix}.{layer}.{kind}": tensor
-        for layer, layer_cache in enumerate(cache.layers)
-        for kind, tensor in (("key", layer_cache.keys), ("value", layer_cache.values))
-    }
-
-
 def _present_feeds(outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {
         name.replace("present.", "past_key_values.", 1): value
@@ -418,9 +409,15 @@ def _present_feeds(outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def validate_onnx_export(
-    folder: str | os.PathLike, model: PreTrainedModel, *, tolerance: float | None = None, seed: int = 0,
-    engine: str = "onnxruntime", openvino_precision: str = "auto",
-) -> ValidationReport:  # fmt: skip
+    folder: str | os.PathLike,
+    model: PreTrainedModel | None = None,
+    *,
+    tolerance: float | None = None,
+    seed: int = 0,
+    references: PyTorchReferences | None = None,
+    engine: str = "onnxruntime",
+    openvino_precision: str = "auto",
+) -> ValidationReport:
     """Compare every output of an exported folder's graphs, run by ONNX Runtime, with PyTorch `model`.
 
     Inputs are random, with sizes other than the traced ones (batch 3, new tokens 7 then 5 then 1, so past 0, 7 and
@@ -429,7 +426,8 @@ def validate_onnx_export(
     compared (they are unspecified), but every output must be finite everywhere.
 
     `model` is the PyTorch model exported (any dtype: it is cast to the export's; an int8 export is compared with
-    float32). The tolerance defaults to `TOLERANCES` for the export's dtype/quantization: for float exports relative
+    float32), or instead `references`, PyTorch's side computed beforehand (`pytorch_references`, same `seed`).
+    The tolerance defaults to `TOLERANCES` for the export's dtype/quantization: for float exports relative
     to each output's largest reference value (and for fp32 also to the model's depth); for quantized ones it bounds
     the relative RMS error, beside the format's cosine and top-1 bounds (`QUANTIZED_BOUNDS`). Returns the report; raises `OnnxValidationError`
     (a ValueError) listing the failing outputs if any exceeds it.
@@ -447,7 +445,7 @@ def validate_onnx_export(
     task, dtype = manifest["task"], manifest["dtype"]
     kind, default = TOLERANCES[manifest["quantization"] or dtype]
     device = "cuda" if manifest.get("device") == "cuda" else "cpu"
-    provider, precision, compute_dtype = PROVIDERS[device], None, DTYPES[dtype]
+    provider, precision, compute_dtype = PROVIDERS[device], None, None
     check_engine(engine, openvino_precision)
     if chosen_engine(engine, manifest, provider) == "openvino":
         refuse_unreadable_form(folder, manifest)
@@ -456,10 +454,11 @@ def validate_onnx_export(
         if precision == "bf16" and dtype == "fp32" and kind != "quantized":
             kind, default, compute_dtype = TOLERANCES["fp16"][0], TOLERANCES["fp16"][1], torch.bfloat16
     tolerance = default if tolerance is None else tolerance
-    reference = cast_model(task_model(model, task), compute_dtype, device)
-    models = [reference]
-    if kind == "half precision":  # the float32 model beside it measures what half precision itself loses
-        models.append(cast_model(task_model(model, task), torch.float32, device))
+    if references is None:
+        if model is None:
+            raise ValueError("validate_onnx_export needs the PyTorch model, or its references (pytorch_references).")
+        references = pytorch_references(model, task, dtype, device, manifest["family"], seed, compute_dtype)
+    models = references.models
     runners = {name: _GraphRunner(folder, name, manifest, provider, precision) for name in manifest["graphs"]}
     generator = torch.Generator().manual_seed(seed)
     comparison = _Comparison()
@@ -469,22 +468,14 @@ def validate_onnx_export(
         elif task == "text-generation":
             runner = runners["model"]
             if is_gqa_form(manifest):  # fed and compared in the portable graph's layout
-                runner = GqaValidationRunner(runner, manifest, reference.config.max_position_embeddings)
-            _validate_causal_lm(runner, models, comparison, generator, device)
+                runner = GqaValidationRunner(runner, manifest, references.config.max_position_embeddings)
+            _validate_causal_lm(runner, references.causal_lm_steps, comparison)
         else:
             _validate_task_outputs(runners["model"], models, comparison, generator, device)
-    report = comparison.report(tolerance, kind, provider, model_depth(reference.config), manifest["quantization"])
+    report = comparison.report(tolerance, kind, provider, model_depth(references.config), manifest["quantization"])
     if not report.passed:
         raise OnnxValidationError(report)
     return report
-
-
-def _random_ids(batch: int, length: int, vocab_size: int, generator: torch.Generator) -> torch.Tensor:
-    return torch.randint(0, vocab_size, (batch, length), generator=generator)
-
-
-def _on(device: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {name: tensor.to(device) for name, tensor in tensors.items()}
 
 
 def _twin(results: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor] | None:
@@ -496,7 +487,7 @@ def _validate_task_outputs(runner, models, comparison, generator, device) -> Non
     config = models[0].config
     for case, (batch, length) in (("batch 3, padded", (3, 5)), ("batch 1", (1, 2))):
         inputs = {
-            "input_ids": _random_ids(batch, length, config.vocab_size, generator),
+            "input_ids": random_ids(batch, length, config.vocab_size, generator),
             "attention_mask": padded_mask(batch, length),
         }
         if "token_type_ids" in runner.inputs:
@@ -505,38 +496,21 @@ def _validate_task_outputs(runner, models, comparison, generator, device) -> Non
         kwargs = {"use_cache": False} if config.model_type == "vaswani_decoder" else {}
         results = []
         for model in models:
-            outputs = model(**_on(device, inputs), **kwargs)
+            outputs = model(**on_device(device, inputs), **kwargs)
             results.append({name: getattr(outputs, name) for name in actual})
         runner.compare(comparison, case, actual, results[0], {"sequence": inputs["attention_mask"]}, _twin(results))
 
 
-def _validate_causal_lm(runner, models, comparison, generator, device) -> None:
-    vocab = models[0].config.vocab_size
-    for batch, steps in ((3, (7, 5, 1)), (1, (1,))):
-        mask = torch.zeros(batch, 0, dtype=torch.long)
-        caches, past = [None] * len(models), runner.empty_past(batch)
-        for length in steps:
-            new_mask = (
-                padded_mask(batch, length, right=False)
-                if not mask.shape[1]
-                else torch.ones(batch, length, dtype=torch.long)
-            )
-            mask = torch.cat([mask, new_mask], dim=1)
-            inputs = {
-                "input_ids": _random_ids(batch, length, vocab, generator),
-                "attention_mask": mask,
-                "position_ids": positions_from_mask(mask)[:, -length:],
-            }
-            actual = runner.run({**_numpy(inputs), **past, "logits_positions": np.arange(length)})
-            results = []
-            for index, model in enumerate(models):  # each with its own cache
-                outputs = model(**_on(device, inputs), cache=caches[index], use_cache=True)
-                caches[index] = cache_of(outputs)
-                results.append({"logits": outputs.logits, **_named_cache("present", caches[index])})
-            case = f"batch {batch}, past {mask.shape[1] - length}, new {length}"
-            masks = {"sequence": mask, PAST_PLUS_SEQUENCE: mask}
-            runner.compare(comparison, case, actual, results[0], masks, _twin(results))
-            past = _present_feeds(actual)
+def _validate_causal_lm(runner, steps: list[dict], comparison) -> None:
+    """ONNX Runtime's side: each call of `steps` fed the presents of the one before, compared with PyTorch's."""
+    past = {}
+    for step in steps:
+        if step["first"]:
+            past = runner.empty_past(step["batch"])
+        length = step["inputs"]["input_ids"].shape[1]
+        actual = runner.run({**_numpy(step["inputs"]), **past, "logits_positions": np.arange(length)})
+        runner.compare(comparison, step["case"], actual, step["results"][0], step["masks"], _twin(step["results"]))
+        past = _present_feeds(actual)
 
 
 def _validate_seq2seq(runners, models, comparison, generator, device) -> None:
@@ -544,11 +518,11 @@ def _validate_seq2seq(runners, models, comparison, generator, device) -> None:
     encoder, decoder = runners["encoder"], runners.get("decoder")
     for batch, source_length, steps in ((3, 6, (3, 5, 1)), (1, 2, (1,))):
         source = {
-            "input_ids": _random_ids(batch, source_length, vocab, generator),
+            "input_ids": random_ids(batch, source_length, vocab, generator),
             "attention_mask": padded_mask(batch, source_length),
         }
         encoded = encoder.run(_numpy(source))
-        encoder_outputs = [model.get_encoder()(**_on(device, source)) for model in models]
+        encoder_outputs = [model.get_encoder()(**on_device(device, source)) for model in models]
         case = f"batch {batch}, source {source_length}"
         masks = {"encoder_sequence": source["attention_mask"]}
         if decoder is None:
@@ -558,7 +532,7 @@ def _validate_seq2seq(runners, models, comparison, generator, device) -> None:
         caches, past, seen = [None] * len(models), decoder.empty_past(batch), 0
         cross = {name: value for name, value in encoded.items() if name.startswith("cross_key_values.")}
         for length in steps:
-            ids = _random_ids(batch, length, vocab, generator)
+            ids = random_ids(batch, length, vocab, generator)
             actual = decoder.run(
                 {"input_ids": ids.numpy(), "encoder_attention_mask": source["attention_mask"].numpy(), **cross, **past}
             )
@@ -577,10 +551,10 @@ def _validate_seq2seq(runners, models, comparison, generator, device) -> None:
                 encoded_results.append(
                     {
                         "last_hidden_state": encoder_outputs[index].last_hidden_state,
-                        **_named_cache("cross_key_values", cache.cross_attention_cache),
+                        **named_cache("cross_key_values", cache.cross_attention_cache),
                     }
                 )
-                results.append({"logits": outputs.logits, **_named_cache("present", cache.self_attention_cache)})
+                results.append({"logits": outputs.logits, **named_cache("present", cache.self_attention_cache)})
             if seen == 0:
                 encoder.compare(comparison, case, encoded, encoded_results[0], masks, _twin(encoded_results))
             targets = torch.ones(batch, seen + length, dtype=torch.long)
