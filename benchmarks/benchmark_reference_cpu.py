@@ -57,7 +57,8 @@ def describe(folder: Path) -> str:
     what = f"hidden {config['hidden_size']}, {manifest['num_layers']} layers, vocabulary {manifest['vocab_size']}, "
     what += options.get("name", manifest["dtype"])
     if options:
-        what += f" (block {options['block_size']}, 8-bit budget {options.get('eight_bit_budget', '-')})"
+        budget = f", 8-bit budget {options['eight_bit_budget']}" if options["name"].startswith("int4") else ""
+        what += f" (block {options['block_size']}{budget})"
     return what + f", attention {manifest.get('attention_form', 'portable')}"
 
 
@@ -68,10 +69,13 @@ def render(report: dict) -> str:
         "",
         "Builds of `benchmarks/reference_shapes.py` folders (Llama-3.2-1B's and SmolLM2-360M's shapes, seeded random "
         "weights at a trained model's scales: speed does not depend on the values; quality is not measured here), "
-        f"exported with `vaswani export`, timed with `vaswani bench`: {settings['prompt_tokens']}-token prompts, "
+        "exported by `vaswani export` (validated) or, where validation refuses random weights, "
+        "`export_onnx(..., validate=False)` (`--export`; the same graphs), timed with `vaswani bench`: "
+        f"{settings['prompt_tokens']}-token prompts, "
         f"{settings['new_tokens']} new tokens, greedy, best of {settings['rounds']} rounds (each build in a process "
         "of its own, alternating). The bound is the copy bandwidth over the weight bytes one step reads.",
         "",
+        *(line for note in report.get("notes", []) for line in (note, "")),
         "**Builds**",
         "",
         "| build | what |",
@@ -109,8 +113,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="intra-op threads (default: every core)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/vaswani-reference-bench"))
     parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--render", action="store_true", help="publish --json's report again, measuring nothing")
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
+    if args.render:
+        report = json.loads(args.json.read_text())["raw"]
+        print(write(from_markdown(render(report), report, threads=args.threads), args.json, args.markdown))
+        return
     args.work.mkdir(parents=True, exist_ok=True)
     builds = dict(build.split("=", 1) for build in args.build)
     int4_options = {"int4_method": args.int4_method, "int4_8bit_budget": args.int4_8bit_budget}
@@ -131,6 +140,12 @@ def main() -> None:
         "failures": {},
         "rows": [],
     }
+    if args.json.is_file():  # builds measured by an earlier run stay on the page, unless measured again now
+        earlier = json.loads(args.json.read_text())["raw"]
+        for name in earlier["builds"].keys() - builds.keys():
+            report["builds"][name], report["runs"][name] = earlier["builds"][name], earlier["runs"][name]
+        report["builds"] = dict(sorted(report["builds"].items()))
+        report["runs"] = {name: report["runs"][name] for name in report["builds"]}
     for round_index in range(args.rounds):
         for name, folder in builds.items():
             output = args.work / f"bench-{name}-{round_index}.json"

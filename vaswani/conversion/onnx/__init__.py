@@ -16,6 +16,7 @@ Where things are, in the order an export runs through them:
 - `decoder_attention.py`: an encoder-decoder's decoder attention as ONNX Runtime's `MultiHeadAttention` (masks
   inside, no reshapes), in quantized and `optimize` CPU exports.
 - `validation.py`: `validate_onnx_export`, the `ValidationReport` table and its tolerances.
+- `references.py`: PyTorch's side of a validation (`pytorch_references`), computed before ONNX Runtime loads a graph.
 - `session.py`: one graph in an ONNX Runtime session (`OrtGraph`), input checks, IO binding.
 - `runtime.py`: `OrtModel` and the encoder-type classes (feature extraction, fill-mask, classification).
 - `generation.py`: `OrtModelForCausalLM`, `OrtModelForSeq2SeqLM`, the lean generation loop and its KV buffers.
