@@ -242,3 +242,17 @@ def test_without_openvino_the_engine_names_the_extra_and_auto_keeps_onnxruntime(
     with pytest.raises(ImportError, match=r"pip install 'vaswani\[openvino\]'"):
         OrtModelForCausalLM.from_pretrained(exports["portable"], engine="openvino")
     assert chosen_engine("auto", load_manifest(exports["portable"]), "CPUExecutionProvider") == "onnxruntime"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_openvino_takes_onnxruntimes_thread_count_and_the_precision_asked(threads, exports):
+    from vaswani.conversion.onnx import default_session_options
+
+    options = default_session_options(threads)
+    model = OrtModelForCausalLM.from_pretrained(
+        exports["portable"], session_options=options, engine="openvino", openvino_precision="bf16"
+    )
+    compiled = model.graphs["model"].session.prompt_session.compiled
+    assert compiled.get_property("INFERENCE_NUM_THREADS") == threads
+    if openvino_precision("auto") == "bf16":  # elsewhere OpenVINO may run the bf16 hint in f32
+        assert "bfloat16" in str(compiled.get_property("INFERENCE_PRECISION_HINT"))
