@@ -131,6 +131,20 @@ def wait_for(condition, timeout: float = 20.0, interval: float = 0.02) -> bool:
     return False
 
 
+def server_answers(http, process: subprocess.Popen):
+    """For `wait_for`: whether a `vaswani serve` process answers /health on `http` (an httpx client), or has exited
+    (then waiting is over; the caller asserts it still runs)."""
+    import httpx
+
+    def answers() -> bool:
+        try:
+            return http.get("/health").status_code == 200
+        except httpx.TransportError:
+            return process.poll() is not None
+
+    return answers
+
+
 def self_signed_certificate(folder: Path) -> tuple[Path, Path] | None:
     """(key, certificate) for 127.0.0.1, made with the openssl command, or None without it."""
     if shutil.which("openssl") is None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from serving_cases import free_port, offline_answer, tiny_chat_tokenizer, wait_for
+from serving_cases import free_port, offline_answer, server_answers, tiny_chat_tokenizer, wait_for
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from vaswani.cli import main as vaswani_cli
@@ -194,14 +194,10 @@ def test_serve_engine_openvino_answers_a_chat_like_offline_generate(tiny_chat_pa
     )
     http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
 
-    def up() -> bool:
-        try:
-            return http.get("/health").status_code == 200
-        except httpx.TransportError:
-            return process.poll() is not None
-
     try:
-        assert wait_for(up, timeout=120) and process.poll() is None, process.stdout.read().decode()
+        assert wait_for(server_answers(http, process), timeout=120) and process.poll() is None, (
+            process.stdout.read().decode()
+        )
         messages = [{"role": "user", "content": "Tell me a story."}]
         body = {"model": "tiny-chat", "messages": messages, "max_tokens": 12, "temperature": 0}
         response = http.post("/v1/chat/completions", json=body)

@@ -23,6 +23,7 @@ from serving_cases import (
     free_port,
     offline_answer,
     self_signed_certificate,
+    server_answers,
     tiny_chat_tokenizer,
     tiny_gqa_chat_folder,
     wait_for,
@@ -139,14 +140,10 @@ def serve_process(arguments: list[str], port: int, tls: bool, api_key: str | Non
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     http = httpx.Client(base_url=url, verify=certificate, headers=headers, timeout=120)
 
-    def up() -> bool:
-        try:
-            return http.get("/health").status_code == 200
-        except httpx.TransportError:
-            return process.poll() is not None
-
     try:
-        assert wait_for(up, timeout=120) and process.poll() is None, process.stdout.read().decode()
+        assert wait_for(server_answers(http, process), timeout=120) and process.poll() is None, (
+            process.stdout.read().decode()
+        )
         yield url, http
     finally:
         http.close()

@@ -306,34 +306,24 @@ def export_onnx(
     if device not in DEVICES:
         raise ValueError(f"device={device!r} is not supported; use 'cpu' or 'cuda'.")
     quantization = None
+    # In `quantization_format`'s order.
+    options = (
+        block_size,
+        accuracy_level,
+        int4_method,
+        int4_mlp_out_bits,
+        int4_8bit_budget,
+        int4_head_bits,
+        int4_symmetric,
+    )
     if quantize is not None:
-        quantization = quantization_format(
-            quantize,
-            block_size,
-            accuracy_level,
-            int4_method,
-            int4_mlp_out_bits,
-            int4_8bit_budget,
-            int4_head_bits,
-            int4_symmetric,
-        )
+        quantization = quantization_format(quantize, *options)
         if dtype != "fp32" or device != "cpu":
             raise ValueError(
                 f"{quantize} weight-only quantization targets the CPU from an fp32 graph: use dtype='fp32', "
                 f"device='cpu'."
             )
-    elif any(
-        option is not None
-        for option in (
-            block_size,
-            accuracy_level,
-            int4_method,
-            int4_mlp_out_bits,
-            int4_8bit_budget,
-            int4_head_bits,
-            int4_symmetric,
-        )
-    ):
+    elif any(option is not None for option in options):
         raise ValueError(
             "block_size, accuracy_level and the int4 options apply to quantized exports: pass quantize='int8' or "
             "'int4'."
