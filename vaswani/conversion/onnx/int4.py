@@ -210,6 +210,9 @@ SCALE_FACTORS = (
 )
 # fmt: on
 ZERO_SHIFTS = (-1, 0, 1)
+# About 1 MiB of float32 weights per slice of `search_quantize` (fastest of 128K-512K elements on a 2048 x 8192
+# and an 8192 x 2048 weight).
+SEARCH_SLICE_ELEMENTS = 2**18
 
 
 def search_grid(
@@ -261,19 +264,26 @@ def search_quantize(
     1% of the mean keeps inputs the text never excited from being ignored."""
     levels = 2**bits - 1
     rows, columns = weight.shape
-    # Every block at once [blocks, block_size, N]: a few large tensor ops instead of many small ones per block.
+    # Every block of a slice of columns at once [blocks, block_size, columns]: a few large tensor ops instead of many
+    # small ones per block, on slices of about SEARCH_SLICE_ELEMENTS so that the 60 candidates' passes stay in the
+    # CPU's cache (columns are independent). The whole matrix at once streamed it from memory in every pass: a
+    # 2048 x 8192 weight took 39 s, in slices 2.3 s (one thread).
     blocks = torch.tensor(weight, dtype=torch.float32).reshape(rows // block_size, block_size, columns)
     row_weights = None
     if input_mean_squares is not None:
         rms = torch.tensor(input_mean_squares, dtype=torch.float32).sqrt()
         row_weights = (rms / rms.mean()).clamp(min=0.01).reshape(rows // block_size, block_size, 1)
-    scales, zeros = search_grid(blocks, bits, symmetric, row_weights)
-    integers = torch.clamp(torch.round(blocks / scales.unsqueeze(1) + zeros.unsqueeze(1)), 0, levels)
-    return (
-        integers.reshape(rows, columns).to(torch.uint8).numpy(),
-        scales.numpy().astype(np.float32),
-        zeros.to(torch.uint8).numpy(),
-    )
+    width = max(1, SEARCH_SLICE_ELEMENTS // rows)
+    integers = torch.empty(blocks.shape, dtype=torch.uint8)
+    scales = torch.empty(rows // block_size, columns, dtype=torch.float32)
+    zeros = torch.empty(rows // block_size, columns, dtype=torch.uint8)
+    for start in range(0, columns, width):
+        part = blocks[..., start : start + width]
+        scale, zero = search_grid(part, bits, symmetric, row_weights)
+        rounded = torch.clamp(torch.round(part / scale.unsqueeze(1) + zero.unsqueeze(1)), 0, levels)
+        integers[..., start : start + width] = rounded.to(torch.uint8)
+        scales[:, start : start + width], zeros[:, start : start + width] = scale, zero.to(torch.uint8)
+    return integers.reshape(rows, columns).numpy(), scales.numpy(), zeros.numpy()
 
 
 def pack_matmul_nbits(integers: np.ndarray, scales: np.ndarray, zeros: np.ndarray, block_size: int):

@@ -34,6 +34,7 @@ from .int4 import calibration_windows, row_key
 # matrices settles by about a thousand tokens (each window's gradient sums many tokens' independent draws).
 SCORING_TOKENS = 1024
 SCORING_WINDOW = 128
+SCORING_SLICE_ELEMENTS = 2**17  # weights per slice when the scores are summed
 # The default budget: a fraction of the 4-bit weights' bytes spent on 8-bit copies of the most sensitive matrices.
 DEFAULT_EIGHT_BIT_BUDGET = 0.3
 
@@ -147,11 +148,18 @@ def fisher_row_scores(
     scores: dict[int, float] = {}
     for weight, information in zip(weights, fisher):
         w = weight.detach().float()
-        gain = information * (
-            rounding_error(w, 4, block_size, symmetric=symmetric).square()
-            - rounding_error(w, 8, block_size, symmetric=True).square()
-        )
-        for row, score in zip(w.numpy(), gain.sum(1).tolist()):
+        # In slices of rows that stay in the CPU's cache (an 8192 x 2048 weight: 1.6 s whole, 0.14 s in slices).
+        rows = max(1, SCORING_SLICE_ELEMENTS // w.shape[1])
+        gain = torch.cat([
+            (
+                part_information * (
+                    rounding_error(part, 4, block_size, symmetric=symmetric).square()
+                    - rounding_error(part, 8, block_size, symmetric=True).square()
+                )
+            ).sum(1)
+            for part, part_information in zip(w.split(rows), information.split(rows))
+        ])  # fmt: skip
+        for row, score in zip(w.numpy(), gain.tolist()):
             key = row_key(row)
             scores[key] = scores.get(key, 0.0) + score  # identical rows (rare): both carry the sum
     return scores
