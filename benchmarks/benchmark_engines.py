@@ -112,6 +112,9 @@ DECODER_SYSTEMS[DECODER_SYSTEMS.index("CTranslate2 int8") + 1 : 0] = ["CTranslat
 for _precision in ("fp32", "int8", "int4"):
     _at = DECODER_SYSTEMS.index(f"OpenVINO GenAI {_precision}") + 1
     DECODER_SYSTEMS[_at:_at] = [f"OpenVINO GenAI {_precision}, f32 compute"]
+    _portable = "vaswani ORT fp32" if _precision == "fp32" else f"vaswani ORT {_precision}, portable"
+    _at = DECODER_SYSTEMS.index(_portable) + 1
+    DECODER_SYSTEMS[_at:_at] = [f"{_portable}, --engine openvino"]
 NO_OPENMP_SPINNING = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
 # Settings other than --threads threads and the engine's defaults: on the 2-vCPU VM of the seq2seq figures,
 # CTranslate2's default GEMM backend (Intel MKL) ran 2 intra-op threads at half the speed of 1, while its oneDNN
@@ -135,11 +138,15 @@ SYSTEM_SETTINGS = {
     "OpenVINO GenAI fp32, f32 compute": {"options": {"INFERENCE_PRECISION_HINT": "f32"}},
     "OpenVINO GenAI int8, f32 compute": {"options": {"INFERENCE_PRECISION_HINT": "f32"}},
     "OpenVINO GenAI int4, f32 compute": {"options": {"INFERENCE_PRECISION_HINT": "f32"}},
+    # `--engine openvino`: the same portable export, its prompt steps run by OpenVINO (bf16 where the CPU has it),
+    # its one-token decode steps by ONNX Runtime.
+    "vaswani ORT fp32, --engine openvino": {"request": {"engine": "openvino"}},
+    "vaswani ORT int8, portable, --engine openvino": {"request": {"engine": "openvino"}},
+    "vaswani ORT int4, portable, --engine openvino": {"request": {"engine": "openvino"}},
 }
 for _name in SYSTEM_SETTINGS:
-    SYSTEMS[_name] = SYSTEMS[
-        _name.removesuffix(", no spinning").split(", 1 thread")[0].split(", oneDNN")[0].split(", f32 compute")[0]
-    ]
+    _base = _name.removesuffix(", no spinning").removesuffix(", --engine openvino")
+    SYSTEMS[_name] = SYSTEMS[_base.split(", 1 thread")[0].split(", oneDNN")[0].split(", f32 compute")[0]]
 # --seq2seq: the BART-shaped encoder-decoder against CTranslate2's Translator (onnxruntime-genai and llama.cpp run
 # decoders only). --optimize and int8 exports run the decoder's attention as ONNX Runtime's MultiHeadAttention.
 SEQ2SEQ_SYSTEMS = [

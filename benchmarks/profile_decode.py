@@ -2,7 +2,8 @@
 own profiler, each export in a process of its own, in alternating rounds.
 
     python benchmarks/profile_decode.py vaswani=outputs/engines-benchmark/vaswani-onnx-int4 \\
-        ortgenai=outputs/engines-benchmark/ortgenai-int4 --rounds 3 --markdown docs/results/decode_profile_cpu.md
+        ortgenai=outputs/engines-benchmark/ortgenai-int4 --rounds 3 --json docs/results/decode_profile_cpu.json \\
+        --markdown docs/results/decode_profile_cpu.md
 
 A NAME=FOLDER whose folder holds genai_config.json is run by onnxruntime-genai (`og.Generator`, in the venv that
 benchmarks/benchmark_engines/setup.sh makes, `--engines`), any other by vaswani's `OrtModelForCausalLM.generate`.
@@ -26,6 +27,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import publish_report  # noqa: E402
 
 WEIGHT_PRODUCTS = ("MatMulNBits", "MatMul", "Gemm")
 ATTENTION = ("GroupQueryAttention", "Attention", "MultiHeadAttention", "RotaryEmbedding")
@@ -166,6 +170,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip", type=int, default=4, help="decode steps left out at the start (warm-up)")
     parser.add_argument("--markdown", type=Path, help="also write the table here")
+    parser.add_argument(
+        "--json", type=Path, help="the results as JSON (per round, per export); --markdown is rendered from it"
+    )
     parser.add_argument("--worker", nargs=3, metavar=("ENGINE", "FOLDER", "PROFILE_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     prompt = [(7919 * index) % 40000 + 100 for index in range(args.prompt)]  # the same ids for every engine
@@ -185,7 +192,10 @@ def main() -> None:
             print(f"round {round_index + 1} {name}: {parts} us; {summary['GB/s']:.1f} GB/s", flush=True)
     table = markdown(results, args)
     print(table)
-    if args.markdown:
+    if args.json:
+        report = "# Where a decode step's time goes\n\n" + table
+        publish_report(report, args.json, args.markdown, {"rounds": results}, args.threads)
+    elif args.markdown:
         args.markdown.write_text(table)
 
 

@@ -19,12 +19,13 @@ ort = pytest.importorskip("onnxruntime")
 
 from vaswani import VaswaniForCausalLM  # noqa: E402
 from vaswani.cli import main  # noqa: E402
-from vaswani.conversion.onnx import export_onnx, load_manifest  # noqa: E402
+from vaswani.conversion.onnx import export_onnx, int4, load_manifest, sensitivity  # noqa: E402
 from vaswani.conversion.onnx.int4 import (  # noqa: E402
     CALIBRATION_TOKENS,
     gptq,
     pack_matmul_nbits,
     rtn_grid,
+    search_grid,
     search_quantize,
     unpack_matmul_nbits,
 )
@@ -161,6 +162,26 @@ def test_search_never_loses_to_round_to_nearest_per_block_and_wins_on_offset_gri
     searched, rounded = block_errors(dequantized(integers, scales, zeros)), block_errors(dequantized(*rtn(weight)))
     assert (searched <= rounded * (1 + 1e-4)).all()  # RTN is a candidate (float32 vs float64 rounding aside)
     assert searched.sum() < 0.8 * rounded.sum()
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_search_in_slices_of_columns_is_the_search_of_the_whole_matrix(monkeypatch, symmetric):
+    """The search runs on cache-sized slices of columns; the oracle is `search_grid` on every block of the whole
+    matrix at once (rows weighted as the search weighs them), with slices that leave a ragged last one."""
+    rng = np.random.default_rng(5)
+    weight = rng.standard_t(4, (4 * BLOCK, 37)).astype(np.float32)
+    mean_squares = np.exp(rng.normal(0, 1, 4 * BLOCK)).astype(np.float32)
+    monkeypatch.setattr(int4, "SEARCH_SLICE_ELEMENTS", 4 * BLOCK * 5)  # slices of 5 columns: 8 of them
+    integers, scales, zeros = search_quantize(weight, BLOCK, symmetric=symmetric, input_mean_squares=mean_squares)
+    blocks = torch.tensor(weight).reshape(4, BLOCK, 37)
+    rms = torch.tensor(mean_squares).sqrt()
+    whole_scales, whole_zeros = search_grid(
+        blocks, symmetric=symmetric, row_weights=(rms / rms.mean()).clamp(min=0.01).reshape(4, BLOCK, 1)
+    )
+    whole_integers = torch.clamp(torch.round(blocks / whole_scales[:, None] + whole_zeros[:, None]), 0, 15)
+    np.testing.assert_array_equal(scales, whole_scales.numpy())
+    np.testing.assert_array_equal(zeros, whole_zeros.to(torch.uint8).numpy())
+    np.testing.assert_array_equal(integers, whole_integers.reshape(4 * BLOCK, 37).to(torch.uint8).numpy())
 
 
 def test_search_weighted_by_input_rms_lowers_the_error_the_outputs_see():
@@ -522,3 +543,17 @@ def test_fisher_scoring_holds_one_gradient_at_a_time():
     assert scores and len(alive) == 2 * 2 * 6 and set(alive) == {1}  # 2 windows x 2 layers x 6 matrices, one at a time
     assert all(parameter.grad is None for parameter in model.parameters())
     assert [parameter.requires_grad for parameter in model.parameters()] == wanted
+
+
+def test_fisher_scores_summed_in_slices_of_rows_are_the_whole_matrices_scores(monkeypatch):
+    """The scores are summed over slices of rows that stay in the CPU's cache; slices of 3 rows (ragged against
+    every matrix here) give the scores of one slice per matrix, to float rounding."""
+    model = build_model(VaswaniForCausalLM, tiny_decoder_config(num_hidden_layers=2))
+    windows = [np.random.default_rng(seed).integers(0, model.config.vocab_size, (1, 16)) for seed in range(2)]
+    monkeypatch.setattr(sensitivity, "SCORING_SLICE_ELEMENTS", 10**9)
+    whole = fisher_row_scores(model, windows, block_size=BLOCK)
+    columns = {module.weight.shape[1] for module in model.modules() if isinstance(module, torch.nn.Linear)}
+    monkeypatch.setattr(sensitivity, "SCORING_SLICE_ELEMENTS", 3 * min(columns))
+    sliced = fisher_row_scores(model, windows, block_size=BLOCK)
+    assert sliced.keys() == whole.keys() and any(value != 0 for value in whole.values())
+    np.testing.assert_allclose([sliced[key] for key in whole], list(whole.values()), rtol=1e-5, atol=1e-12)
