@@ -140,9 +140,9 @@ SYSTEM_SETTINGS = {
     "OpenVINO GenAI int4, f32 compute": {"options": {"INFERENCE_PRECISION_HINT": "f32"}},
     # `--engine openvino`: the same portable export, its prompt steps run by OpenVINO (bf16 where the CPU has it),
     # its one-token decode steps by ONNX Runtime.
-    "vaswani ORT fp32, --engine openvino": {"request": {"engine": "openvino"}},
-    "vaswani ORT int8, portable, --engine openvino": {"request": {"engine": "openvino"}},
-    "vaswani ORT int4, portable, --engine openvino": {"request": {"engine": "openvino"}},
+    "vaswani ORT fp32, --engine openvino": {"request": {"ort_engine": "openvino"}},
+    "vaswani ORT int8, portable, --engine openvino": {"request": {"ort_engine": "openvino"}},
+    "vaswani ORT int4, portable, --engine openvino": {"request": {"ort_engine": "openvino"}},
 }
 for _name in SYSTEM_SETTINGS:
     _base = _name.removesuffix(", no spinning").removesuffix(", --engine openvino")

@@ -77,7 +77,8 @@ def load_vaswani_ort(request):
     torch.set_num_threads(request["threads"])
     ort_class = OrtModelForSeq2SeqLM if request.get("seq2seq") else OrtModelForCausalLM
     options = default_session_options(request["threads"], spinning=request.get("spinning", True))
-    engine = {"engine": request["engine"]} if "engine" in request else {}  # "openvino": prompts in OpenVINO
+    # `engine=` of vaswani's runtime ("openvino": prompt steps in OpenVINO); request["engine"] names the worker's.
+    engine = {"engine": request["ort_engine"]} if "ort_engine" in request else {}
     model = ort_class.from_pretrained(request["model"], session_options=options, **engine)
     return torch_generate(model, bool(request.get("seq2seq")))
 
