@@ -150,16 +150,12 @@ def fisher_row_scores(
         w = weight.detach().float()
         # In slices of rows that stay in the CPU's cache (an 8192 x 2048 weight: 1.6 s whole, 0.14 s in slices).
         rows = max(1, SCORING_SLICE_ELEMENTS // w.shape[1])
-        gain = torch.cat([
-            (
-                part_information * (
-                    rounding_error(part, 4, block_size, symmetric=symmetric).square()
-                    - rounding_error(part, 8, block_size, symmetric=True).square()
-                )
-            ).sum(1)
-            for part, part_information in zip(w.split(rows), information.split(rows))
-        ])  # fmt: skip
-        for row, score in zip(w.numpy(), gain.tolist()):
+        gains = []
+        for part, part_information in zip(w.split(rows), information.split(rows)):
+            four_bits = rounding_error(part, 4, block_size, symmetric=symmetric).square()
+            eight_bits = rounding_error(part, 8, block_size, symmetric=True).square()
+            gains.append((part_information * (four_bits - eight_bits)).sum(1))
+        for row, score in zip(w.numpy(), torch.cat(gains).tolist()):
             key = row_key(row)
             scores[key] = scores.get(key, 0.0) + score  # identical rows (rare): both carry the sum
     return scores
