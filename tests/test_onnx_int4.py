@@ -34,6 +34,7 @@ from vaswani.conversion.onnx.sensitivity import (  # noqa: E402
     DEFAULT_EIGHT_BIT_BUDGET,
     fisher_row_scores,
     recorded_input_mean_squares,
+    rounding_error,
     row_key,
 )
 from vaswani.data import corpus_text  # noqa: E402
@@ -557,3 +558,33 @@ def test_fisher_scores_summed_in_slices_of_rows_are_the_whole_matrices_scores(mo
     sliced = fisher_row_scores(model, windows, block_size=BLOCK)
     assert sliced.keys() == whole.keys() and any(value != 0 for value in whole.values())
     np.testing.assert_allclose([sliced[key] for key in whole], list(whole.values()), rtol=1e-5, atol=1e-12)
+
+
+def test_fisher_scores_weigh_each_windows_squared_gradient_as_summing_the_fisher_information_first_does():
+    """The scorer weighs each window's squared gradient by the rounding gain as the gradient lands, never holding the
+    Fisher information itself (the model's size again). The oracle sums the squared gradients of each window first
+    (autograd, the same sampled labels) and weighs the total after: the same scores, to float rounding."""
+    model = build_model(VaswaniForCausalLM, tiny_decoder_config(num_hidden_layers=2)).eval()
+    windows = [np.random.default_rng(seed).integers(0, model.config.vocab_size, (1, 16)) for seed in range(3)]
+    scores = fisher_row_scores(model, windows, block_size=BLOCK, seed=5)
+
+    head = model.get_output_embeddings().weight
+    linears = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
+    weights = list(dict.fromkeys(linear.weight for linear in linears if linear.weight is not head))
+    fisher = [torch.zeros_like(weight) for weight in weights]
+    generator = torch.Generator().manual_seed(5)
+    for window in windows:
+        logits = model(input_ids=torch.as_tensor(window)).logits.float().reshape(-1, model.config.vocab_size)
+        labels = torch.multinomial(torch.softmax(logits.detach(), -1), 1, generator=generator).squeeze(1)
+        gradients = torch.autograd.grad(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"), weights)
+        for total, gradient in zip(fisher, gradients):
+            total += gradient.square()
+    expected: dict[int, float] = {}
+    for weight, information in zip(weights, fisher):
+        weight = weight.detach()
+        gain = rounding_error(weight, 4, BLOCK, symmetric=False).square()
+        gain -= rounding_error(weight, 8, BLOCK, symmetric=True).square()
+        for row, value in zip(weight.numpy(), (information.double() * gain.double()).sum(1).tolist()):
+            expected[row_key(row)] = expected.get(row_key(row), 0.0) + value
+    assert scores.keys() == expected.keys() and any(value > 0 for value in expected.values())
+    np.testing.assert_allclose([scores[key] for key in expected], list(expected.values()), rtol=1e-4, atol=1e-12)

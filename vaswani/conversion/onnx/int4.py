@@ -19,7 +19,7 @@ point per block of `block_size` input rows and output column, so size and decode
 """
 
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -310,38 +310,39 @@ def unpack_matmul_nbits(packed: np.ndarray, scales: np.ndarray, packed_zeros: np
     return weight.reshape(columns, -1)[:, :rows].T
 
 
-def int4_node_quantizer(
+def block_quantizer(
     config,
     method: str,
     hessians: dict[str, np.ndarray] | None = None,
     input_mean_squares: dict[int, np.ndarray] | None = None,
-):
-    """ONNX Runtime's weight-only node quantizer (`DefaultWeightOnlyQuantizer`, which builds the `MatMulNBits` nodes)
-    with `method`'s integers, scales and zero points in place of its round to nearest for each 4-bit weight (for
-    `gptq`: each whose input has second moments in `hessians`; `search` weighs rows by `input_mean_squares`, keyed by
-    `row_key` of the PyTorch weight rows, which are the ONNX weight's columns); 8-bit weights and K not a multiple of
-    the block keep RTN."""
+) -> Callable[[np.ndarray, str], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The `MatMulNBits` tensors (packed B, scales, packed zero points) of a float weight [K, N] whose MatMul reads
+    the activation named by the second argument, for ONNX Runtime's `DefaultWeightOnlyQuantConfig` `config`: ONNX
+    Runtime's round to nearest, or for 4-bit weights `method`'s integers, scales and zero points (`gptq`: where that
+    activation has second moments in `hessians`; `search` weighs rows by `input_mean_squares`, keyed by `row_key` of
+    the PyTorch weight rows, which are the ONNX weight's columns). 8-bit weights and K not a multiple of the block
+    keep round to nearest."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantizer
 
-    class Int4Quantizer(DefaultWeightOnlyQuantizer):
-        activation: str | None = None
+    round_to_nearest = DefaultWeightOnlyQuantizer(config).qbits_block_quant
+    block_size = config.block_size
 
-        def quantize_matmul(self, node, graph_stack):
-            self.activation = node.input[0]
-            return super().quantize_matmul(node, graph_stack)
+    def quantize(weight: np.ndarray, activation: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        hessian = (hessians or {}).get(activation)
+        if (
+            method == "rtn"
+            or config.bits != 4
+            or weight.shape[0] % block_size
+            or (method == "gptq" and hessian is None)
+        ):
+            return round_to_nearest(weight)
+        # Runs on the caller's torch threads (`vaswani export` gives itself one: see set_command_threads).
+        symmetric = config.is_symmetric  # then the graph stores no zero points: MatMulNBits assumes 8
+        if method == "gptq":
+            integers, scales, zeros = gptq(weight, hessian, block_size, bits=4, symmetric=symmetric)
+        else:
+            mean_squares = (input_mean_squares or {}).get(row_key(weight[:, 0]))
+            integers, scales, zeros = search_quantize(weight, block_size, 4, symmetric, mean_squares)
+        return pack_matmul_nbits(integers, scales, zeros, block_size)
 
-        def qbits_block_quant(self, fp32weight):
-            block_size = self.config.block_size
-            hessian = (hessians or {}).get(self.activation)
-            if self.config.bits != 4 or fp32weight.shape[0] % block_size or (method == "gptq" and hessian is None):
-                return super().qbits_block_quant(fp32weight)
-            # Runs on the caller's torch threads (`vaswani export` gives itself one: see set_command_threads).
-            symmetric = self.config.is_symmetric  # then the graph stores no zero points: MatMulNBits assumes 8
-            if method == "gptq":
-                integers, scales, zeros = gptq(fp32weight, hessian, block_size, bits=4, symmetric=symmetric)
-            else:
-                mean_squares = (input_mean_squares or {}).get(row_key(fp32weight[:, 0]))
-                integers, scales, zeros = search_quantize(fp32weight, block_size, 4, symmetric, mean_squares)
-            return pack_matmul_nbits(integers, scales, zeros, block_size)
-
-    return Int4Quantizer(config)
+    return quantize

@@ -14,7 +14,8 @@ import onnx
 import onnxruntime as ort
 
 from .contract import save_graph
-from .int4 import int4_node_quantizer
+from .graph_weights import GraphWeights
+from .int4 import block_quantizer
 from .sensitivity import DEFAULT_EIGHT_BIT_BUDGET, choose_eight_bit_matmuls
 from .session import PROVIDERS
 
@@ -59,7 +60,7 @@ class WeightQuantization:
         _import_quantizer()
         from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig
 
-        # Round to nearest from each block's min/max (`method` may replace the integers: `int4_node_quantizer`).
+        # Round to nearest from each block's min/max (`method` may replace the integers: `int4.block_quantizer`).
         # ONNX Runtime's HQQ fits 4-bit blocks much better on SmolLM2-135M
         # (+0.1-0.3% perplexity instead of +13-22%, flattered by that checkpoint's 4-bit origin) but stores float zero
         # points, which have no fast MatMulNBits kernel on CPU: 60x slower per matmul.
@@ -271,10 +272,13 @@ def quantize_graph(
     """
     if quantization.calibrated and hessians is None:
         raise ValueError(f"int4 method {quantization.method!r} needs calibration statistics (int4.calibrate).")
-    MatMulNBitsQuantizer = _import_quantizer()
-    model = onnx.load(str(path), load_external_data=True)
+    _import_quantizer()
+    # The graph without its weights: each is read from the weights file when it is quantized (`graph_weights.py`),
+    # so the float weights are never all in memory.
+    model = onnx.load(str(path), load_external_data=False)
+    weights = GraphWeights(model, path.parent)
     shapes = value_shapes(model)
-    fold_initializer_transposes(model)
+    fold_initializer_transposes(model, weights)
     # The bits of every weight MatMul that does not take the body's `bits`.
     head = output_projection(model)
     other_bits = {head: quantization.head_bits} if head is not None else {}
@@ -283,31 +287,72 @@ def quantize_graph(
     sensitive, unscored = [], []
     if quantization.bits == 4 and quantization.eight_bit_budget > 0 and row_scores:
         candidates = [name for name, _ in weight_matmul_shapes(model) if other_bits.get(name, 4) == 4]
-        sensitive, scores = choose_eight_bit_matmuls(model, row_scores, quantization.eight_bit_budget, candidates)
+        sensitive, scores = choose_eight_bit_matmuls(
+            model, row_scores, quantization.eight_bit_budget, candidates, read=weights.array
+        )
         unscored = [name for name in candidates if math.isnan(scores[name])]
         other_bits.update(dict.fromkeys(sensitive, 8))
-    other_bits = {name: bits for name, bits in other_bits.items() if bits != quantization.bits}
-    # One pass per width: the body's first, then each other width's MatMuls together.
-    passes = [(quantization.bits, {"nodes_to_exclude": list(other_bits)})]
-    for bits in sorted(set(other_bits.values())):
-        passes.append((bits, {"nodes_to_include": [name for name, width in other_bits.items() if width == bits]}))
-    for bits, nodes in passes:
-        quantizer = MatMulNBitsQuantizer(model, algo_config=quantization.algorithm_config(bits), **nodes)
-        if quantization.method != "rtn":
-            quantizer.node_quantizer = int4_node_quantizer(
-                quantizer.algo_config, quantization.method, hessians, input_mean_squares
-            )
-        quantizer.process()
-        model = quantizer.model.model
+    quantize_weight_matmuls(model, weights, quantization, other_bits, hessians, input_mean_squares)
     # Shapes recorded for the float graph are stale once MatMuls become MatMulNBits.
     del model.graph.value_info[:]
     # The graph is ONNX Runtime-only now anyway: its fusions cost nothing in portability.
     fold_biases_into_matmul_nbits(model)
     fuse_skip_norms(model, shapes)
-    for stale in (path, Path(f"{path}.data")):
-        stale.unlink(missing_ok=True)
-    save_graph(model, path)
+    weights.save(model, path)
     return sensitive, unscored
+
+
+def quantize_weight_matmuls(
+    model: onnx.ModelProto,
+    weights: GraphWeights,
+    quantization: WeightQuantization,
+    other_bits: dict[str, int],
+    hessians: dict[str, np.ndarray] | None = None,
+    input_mean_squares: dict[int, np.ndarray] | None = None,
+) -> None:
+    """Replace every MatMul whose second input is a 2-D weight by the `MatMulNBits` node ONNX Runtime's quantizer
+    builds (its names and attributes), in `other_bits[name]` bits where given and `quantization.bits` elsewhere.
+    Each weight is read from `weights` when its node is reached and dropped once quantized."""
+    graph = model.graph
+    dims = {tensor.name: list(tensor.dims) for tensor in graph.initializer}
+    quantizers: dict[int, tuple] = {}
+    quantized: dict[tuple[str, int], list[str]] = {}  # (weight, bits) -> its tensors' names, for shared weights
+    nodes = []
+    for node in graph.node:
+        weight = node.input[1] if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") else None
+        if weight is None or len(dims.get(weight, [])) != 2:
+            nodes.append(node)
+            continue
+        bits = other_bits.get(node.name, quantization.bits)
+        if bits not in quantizers:
+            config = quantization.algorithm_config(bits)
+            quantizers[bits] = config, block_quantizer(config, quantization.method, hessians, input_mean_squares)
+        config, quantize = quantizers[bits]
+        if (weight, bits) not in quantized:
+            packed, scales, zeros = quantize(weights.array(weight), node.input[0])
+            tensors = [(packed, f"{weight}_Q{bits}"), (scales, f"{weight}_scales")]
+            if not config.is_symmetric:
+                tensors.append((zeros, f"{weight}_zero_points"))
+            graph.initializer.extend(onnx.numpy_helper.from_array(array, name) for array, name in tensors)
+            quantized[weight, bits] = [name for _, name in tensors]
+        rows, columns = dims[weight]
+        attributes = {"K": rows, "N": columns, "bits": bits, "block_size": config.block_size}
+        if config.accuracy_level:  # 0 is the default, and an attribute most providers do not know
+            attributes["accuracy_level"] = config.accuracy_level
+        nodes.append(
+            onnx.helper.make_node(
+                "MatMulNBits",
+                [node.input[0], *quantized[weight, bits]],
+                [node.output[0]],
+                name=f"{node.name}_Q{bits}" if node.name else "",
+                domain="com.microsoft",
+                **attributes,
+            )
+        )
+    graph.ClearField("node")
+    graph.node.extend(nodes)
+    if quantized and not any(entry.domain == "com.microsoft" for entry in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
 
 
 def weight_matmul_shapes(model: onnx.ModelProto) -> list[tuple[str, list[int]]]:
@@ -405,9 +450,9 @@ def output_projection(model: onnx.ModelProto) -> str | None:
     return None
 
 
-def fold_initializer_transposes(model: onnx.ModelProto) -> int:
-    """Replace Transpose(initializer) feeding a MatMul by a pre-transposed copy of the initializer. Returns how
-    many were folded."""
+def fold_initializer_transposes(model: onnx.ModelProto, weights: GraphWeights) -> int:
+    """Replace Transpose(initializer) feeding a MatMul by a pre-transposed copy of the initializer, which `weights`
+    computes when it is read (a tied head's copy is as large as the embedding). Returns how many were folded."""
     graph = model.graph
     initializers = {tensor.name: tensor for tensor in graph.initializer}
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -422,9 +467,7 @@ def fold_initializer_transposes(model: onnx.ModelProto) -> int:
         if not users or any(user.op_type != "MatMul" or user.input[1] != node.output[0] for user in users):
             continue
         permutation = next((list(attr.ints) for attr in node.attribute if attr.name == "perm"), None)
-        weight = onnx.numpy_helper.to_array(initializers[node.input[0]])
-        transposed = np.ascontiguousarray(np.transpose(weight, permutation))
-        graph.initializer.append(onnx.numpy_helper.from_array(transposed, name=f"{node.input[0]}.transposed"))
+        graph.initializer.append(weights.transposed(node.input[0], f"{node.input[0]}.transposed", permutation))
         for user in users:
             user.input[1] = f"{node.input[0]}.transposed"
         folded.append(node)
