@@ -17,6 +17,11 @@ out, and each figure is the median over the other steps, then over rounds:
 - other nodes: everything else inside the graph (norms, activations, splits, gathers);
 - run overhead: the graph run's time outside its nodes (ONNX Runtime's own work per run);
 - loop: the time between one run's end and the next run's start (the generation loop: picking the token, feeding it).
+
+`--prompt-step` profiles the prompt's run instead, the time to first token (its loop is 0), one per round:
+
+    python benchmarks/profile_decode.py int8=outputs/engines-benchmark/vaswani-onnx-int8 \
+        int4=outputs/engines-benchmark/vaswani-onnx-int4 --prompt 512 --new-tokens 2 --prompt-step
 """
 
 import argparse
@@ -93,8 +98,9 @@ def weight_bytes(graph_path: Path) -> dict[str, int]:
     }
 
 
-def summarize(trace_path: Path, graph_path: Path, skip: int) -> dict[str, float]:
-    """Median microseconds per decode step of each of `PARTS`, and the weight products' GB/s."""
+def summarize(trace_path: Path, graph_path: Path, skip: int, prompt_step: bool = False) -> dict[str, float]:
+    """Median microseconds per decode step of each of `PARTS`, and the weight products' GB/s; with `prompt_step`,
+    those of the prompt's run (its "loop" is 0: what follows it is the first decode step's input)."""
     trace = json.loads(trace_path.read_text())
     runs = sorted((event for event in trace if event.get("name") == "model_run"), key=lambda event: event["ts"])
     starts = [run["ts"] for run in runs]
@@ -115,11 +121,12 @@ def summarize(trace_path: Path, graph_path: Path, skip: int) -> dict[str, float]
         else:
             per_run[index]["other nodes"] += event["dur"]
     steps = []
-    for index in range(1 + skip, len(runs) - 1):  # the prompt's run first; the last run has no next start
+    # The prompt's run first; the last run has no next start.
+    for index in [0] if prompt_step else range(1 + skip, len(runs) - 1):
         step = per_run[index]
         inside = step["weight products"] + step["attention"] + step["other nodes"]
         step["run overhead"] = runs[index]["dur"] - inside
-        step["loop"] = runs[index + 1]["ts"] - runs[index]["ts"] - runs[index]["dur"]
+        step["loop"] = 0.0 if prompt_step else runs[index + 1]["ts"] - runs[index]["ts"] - runs[index]["dur"]
         step["GB/s"] = step["bytes"] / step["weight products"] / 1e3 if step["weight products"] else 0.0
         steps.append(step)
     if not steps:
@@ -140,23 +147,32 @@ def run_worker(name: str, folder: Path, args: argparse.Namespace) -> dict[str, f
             raise RuntimeError(f"{name} failed:\n{result.stderr[-3000:]}")
         trace = Path(result.stdout.strip().splitlines()[-1])
         graph = next(folder.glob("model.onnx"), None) or next(folder.glob("*.onnx"))
-        return summarize(trace, graph, args.skip)
+        return summarize(trace, graph, args.skip, args.prompt_step)
 
 
 def markdown(results: dict[str, list[dict]], args: argparse.Namespace) -> str:
-    lines = [
-        f"Decode steps at batch 1 after a {args.prompt}-token prompt, {args.new_tokens} greedy tokens, "
+    measured = (
+        f"The prompt step of {args.prompt} tokens at batch 1 (time to first token), {args.threads} threads; ONNX "
+        f"Runtime's profiler, each export in its own process, {args.rounds} alternating rounds; microseconds, median "
+        "over rounds."
+        if args.prompt_step
+        else f"Decode steps at batch 1 after a {args.prompt}-token prompt, {args.new_tokens} greedy tokens, "
         f"{args.threads} threads; ONNX Runtime's profiler, each export in its own process, {args.rounds} alternating "
-        f"rounds; microseconds per step, median over steps (the first {args.skip} left out), then over rounds.",
+        f"rounds; microseconds per step, median over steps (the first {args.skip} left out), then over rounds."
+    )
+    lines = [
+        measured,
         "",
-        f"| export | step | {' | '.join(PARTS)} | weight products read at |",
-        "|---|---|" + "---|" * len(PARTS) + "---|",
+        # A prompt step computes far more per weight byte than it reads: its read rate says nothing.
+        f"| export | step | {' | '.join(PARTS)} |" + ("" if args.prompt_step else " weight products read at |"),
+        "|---|---|" + "---|" * len(PARTS) + ("" if args.prompt_step else "---|"),
     ]
     for name, rounds in results.items():
         median = {key: statistics.median(r[key] for r in rounds) for key in [*PARTS, "GB/s"]}
         step = sum(median[part] for part in PARTS)
         cells = " | ".join(f"{median[part]:.0f}" for part in PARTS)
-        lines.append(f"| {name} | {step:.0f} | {cells} | {median['GB/s']:.1f} GB/s |")
+        rate = "" if args.prompt_step else f" {median['GB/s']:.1f} GB/s |"
+        lines.append(f"| {name} | {step:.0f} | {cells} |{rate}")
     return "\n".join(lines) + "\n"
 
 
@@ -169,6 +185,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip", type=int, default=4, help="decode steps left out at the start (warm-up)")
+    parser.add_argument(
+        "--prompt-step", action="store_true", help="profile the prompt's run (time to first token), not decode steps"
+    )
     parser.add_argument("--markdown", type=Path, help="also write the table here")
     parser.add_argument(
         "--json", type=Path, help="the results as JSON (per round, per export); --markdown is rendered from it"
@@ -193,7 +212,8 @@ def main() -> None:
     table = markdown(results, args)
     print(table)
     if args.json:
-        report = "# Where a decode step's time goes\n\n" + table
+        title = "Where the prompt step's time goes" if args.prompt_step else "Where a decode step's time goes"
+        report = f"# {title}\n\n" + table
         publish_report(report, args.json, args.markdown, {"rounds": results}, args.threads)
     elif args.markdown:
         args.markdown.write_text(table)
