@@ -147,6 +147,9 @@ def main() -> None:
     parser.add_argument(
         "--gqa-build", action="append", default=[], metavar="NAME=FOLDER", help="NAME's GroupQueryAttention form"
     )
+    parser.add_argument(
+        "--model", default="SmolLM2-135M-Instruct", help="what the builds were exported from, as the page names it"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prefill-tokens", type=int, default=512)
@@ -185,7 +188,7 @@ def main() -> None:
         "command": command_line(),
         "machine": machine(args.threads, packages=("torch", "transformers", "onnxruntime", "openvino")),
         "notes": [
-            f"SmolLM2-135M-Instruct's portable exports; each system in a process of its own, {args.rounds} rounds in "
+            f"Portable exports of {args.model}; each system in a process of its own, {args.rounds} rounds in "
             f"rotated order. Time to first token: a {args.prefill_tokens}-token prompt at batch 1. Decode: "
             f"{args.new_tokens - 1} tokens after a {args.decode_prompt_tokens}-token prompt, batch 1 and 8. Figures "
             "are medians over rounds, ratios (x ORT, speed-up) medians of per-round ratios to ONNX Runtime. Memory: "
