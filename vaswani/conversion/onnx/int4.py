@@ -18,7 +18,6 @@ point per block of `block_size` input rows and output column, so size and decode
     quantize_graph(folder / "model.onnx", replace(format, method="gptq"), hessians["model"])
 """
 
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -115,10 +114,12 @@ def calibrate(
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.intra_op_num_threads = threads or torch.get_num_threads()
-    sessions, names = {}, {}
-    with tempfile.TemporaryDirectory() as scratch:
+    sessions, names, probes = {}, {}, []
+    try:
         for graph, path in graph_paths.items():
-            model = onnx.load(str(path), load_external_data=True)
+            # The graph alone, with the MatMuls' inputs as outputs, saved beside the original: its weights stay in
+            # the original's weights file, which the probe names (no copy of a model's weights on disk or in memory).
+            model = onnx.load(str(path), load_external_data=False)
             names[graph] = weight_matmul_inputs(model)
             outputs = {output.name for output in model.graph.output}
             model.graph.output.extend(
@@ -126,19 +127,22 @@ def calibrate(
                 for name in names[graph]
                 if name not in outputs
             )
-            probe = Path(scratch) / f"{graph}.onnx"
-            onnx.save(model, str(probe), save_as_external_data=True, location=f"{graph}.onnx.data")
-            sessions[graph] = ort.InferenceSession(str(probe), options, providers=["CPUExecutionProvider"])
-        hessians = {graph: {} for graph in graph_paths}
-        for ids in windows:
-            earlier: dict[str, np.ndarray] = {}
-            for graph, session in sessions.items():
-                output_names = [output.name for output in session.get_outputs()]
-                results = dict(zip(output_names, session.run(None, _synthetic_feeds(session, ids, earlier))))
-                earlier.update(results)
-                for name in names[graph]:
-                    x = results[name].reshape(-1, results[name].shape[-1]).astype(np.float64)
-                    hessians[graph][name] = hessians[graph].get(name, 0.0) + x.T @ x
+            probes.append(Path(path).with_name(f".{Path(path).stem}.calibration.onnx"))
+            onnx.save(model, str(probes[-1]))
+            sessions[graph] = ort.InferenceSession(str(probes[-1]), options, providers=["CPUExecutionProvider"])
+    finally:
+        for probe in probes:
+            probe.unlink(missing_ok=True)
+    hessians = {graph: {} for graph in graph_paths}
+    for ids in windows:
+        earlier: dict[str, np.ndarray] = {}
+        for graph, session in sessions.items():
+            output_names = [output.name for output in session.get_outputs()]
+            results = dict(zip(output_names, session.run(None, _synthetic_feeds(session, ids, earlier))))
+            earlier.update(results)
+            for name in names[graph]:
+                x = results[name].reshape(-1, results[name].shape[-1]).astype(np.float64)
+                hessians[graph][name] = hessians[graph].get(name, 0.0) + x.T @ x
     return hessians
 
 
