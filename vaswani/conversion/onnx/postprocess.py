@@ -272,7 +272,6 @@ def quantize_graph(
     """
     if quantization.calibrated and hessians is None:
         raise ValueError(f"int4 method {quantization.method!r} needs calibration statistics (int4.calibrate).")
-    _import_quantizer()
     # The graph without its weights: each is read from the weights file when it is quantized (`graph_weights.py`),
     # so the float weights are never all in memory.
     model = onnx.load(str(path), load_external_data=False)

@@ -15,7 +15,7 @@ fused (q/k/v, gate/up) or transposed ONNX weight finds the rows it holds:
 
     >>> windows = calibration_windows(folder, tokens=SCORING_TOKENS, window=SCORING_WINDOW)
     >>> scores = fisher_row_scores(model, windows, block_size=32)
-    >>> eight_bit = choose_eight_bit_matmuls(onnx_model, scores, budget=0.3, candidates=names)
+    >>> eight_bit = choose_eight_bit_matmuls(onnx_model, scores, budget=0.3, candidates=names, read=weights.array)
 """
 
 import math
@@ -173,18 +173,15 @@ def choose_eight_bit_matmuls(
     row_scores: dict[int, float],
     budget: float,
     candidates: list[str],
-    read: Callable[[str], np.ndarray] | None = None,
+    read: Callable[[str], np.ndarray],
 ) -> tuple[list[str], dict[str, float]]:
     """The `candidates` (names of 4-bit weight MatMuls of `model`) to keep in 8 bits: the highest Fisher score per
     added byte first, while the added bytes stay within `budget` times the candidates' 4-bit bytes.
 
     Returns the chosen names, in order of choice, and every candidate's score (nan where some column of its weight
     is not a row of `row_scores`: such a matrix is never chosen). `read` gives a weight by its initializer's name
-    (`GraphWeights.array` for a graph loaded without its weights); by default the graph's own data.
+    (`GraphWeights.array`).
     """
-    if read is None:
-        initializers = {tensor.name: tensor for tensor in model.graph.initializer}
-        read = lambda name: onnx.numpy_helper.to_array(initializers[name])  # noqa: E731
     nodes = {node.name: node for node in model.graph.node}
     scores, extra_bytes = {}, {}
     for name in candidates:
