@@ -4,10 +4,11 @@ token of a long prompt, decode tokens/s at batch 1 and 8, and the memory each pr
 Systems, each timed in a process of its own (`vaswani.benchmarking.bench_folder`, what `vaswani bench` runs), in
 rotated order for `--rounds` rounds (figures: medians over rounds; ratios: medians of per-round ratios):
 - ONNX Runtime: `vaswani bench FOLDER`;
-- OpenVINO route: `vaswani bench FOLDER --engine openvino` (prompt steps in OpenVINO at its automatic precision,
+- OpenVINO route: `vaswani bench FOLDER --engine openvino` (OpenVINO at its automatic precision; `generate` runs
+  every step in OpenVINO's stateful graph where `OpenVinoDecoder.serves` says so, else prompt steps in OpenVINO and
   one-token steps in ONNX Runtime);
-- OpenVINO alone: the same model with every step in OpenVINO (the route's step session replaced by its OpenVINO one):
-  the other design, measured to choose between them;
+- OpenVINO route, prompts only: the same with the stateful loop turned off (prompt steps in OpenVINO, one-token steps
+  in ONNX Runtime at every batch): what the stateful loop adds;
 - ONNX Runtime, GQA form (with `--gqa-build NAME=FOLDER`): the same export in the GroupQueryAttention form that
   `--quantize` writes by default, which only ONNX Runtime runs: the decode speed the route gives up.
 
@@ -37,7 +38,7 @@ from results import command_line, machine, table, write  # noqa: E402
 SYSTEMS = {
     "ONNX Runtime": {"engine": "onnxruntime"},
     "OpenVINO route": {"engine": "openvino"},
-    "OpenVINO alone": {"engine": "openvino", "every_step": True},
+    "OpenVINO route, prompts only": {"engine": "openvino", "prompts_only": True},
     # The same export in the GroupQueryAttention form (`--gqa-build`), what --quantize writes by default: ONNX
     # Runtime's fastest decode, which the route (portable graphs only) gives up.
     "ONNX Runtime, GQA form": {"engine": "onnxruntime", "gqa_form": True},
@@ -55,9 +56,8 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # as `vaswani bench` sets it for an ONNX folder (vaswani.loading.set_command_threads)
     system = SYSTEMS[args.system]
     loaded = load_folder(args.worker, "cpu", args.threads, "text-generation", system["engine"])
-    if system.get("every_step"):
-        session = loaded.model.graphs["model"].session
-        session.step_session = session.prompt_session
+    if system.get("prompts_only"):
+        loaded.model.openvino_decoder = lambda batch: None  # generate keeps to the route at every batch
     perplexity = None
     if args.perplexity_text:  # deterministic: once per system and export (round 1)
         text = args.perplexity_text.read_text()
@@ -197,7 +197,7 @@ def main() -> None:
             "reclaimable)."
             + (
                 f" Perplexity (once per system): the first 2048 tokens of {args.perplexity_text}, windows of 512 "
-                "tokens 256 apart; every window is a prompt step, so the route and OpenVINO alone score it in "
+                "tokens 256 apart; every window is a prompt step, so both OpenVINO routes score it in "
                 "OpenVINO."
                 if args.perplexity_text
                 else ""

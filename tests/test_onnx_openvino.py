@@ -49,10 +49,14 @@ def llama(tmp_path_factory) -> tuple[LlamaForCausalLM, Path]:
 
 @pytest.fixture(scope="module")
 def exports(llama) -> dict[str, Path]:
-    """The Llama folder exported portable (fp32; what OpenVINO reads) and in the default int8 form (ONNX Runtime's
-    GroupQueryAttention, which it cannot)."""
+    """The Llama folder exported portable (fp32; what OpenVINO reads), in the default int8 form (ONNX Runtime's
+    GroupQueryAttention, which it cannot) and in int8 portable."""
     _, folder = llama
-    forms = {"portable": {}, "gqa-int8": {"quantize": "int8"}}
+    forms = {
+        "portable": {},
+        "gqa-int8": {"quantize": "int8"},
+        "portable-int8": {"quantize": "int8", "attention": "portable"},
+    }
     return {
         name: export_onnx(folder, folder.parent / name, task="text-generation", validate=False, **options).folder
         for name, options in forms.items()
@@ -111,21 +115,68 @@ def test_openvino_prompt_logits_match_transformers_llama(precision, llama, expor
     assert difference <= allowed, (difference, allowed)
 
 
-def test_greedy_generate_with_openvino_prompts_matches_onnxruntime_and_transformers(llama, exports):
-    """f32: OpenVINO prefills, ONNX Runtime decodes from OpenVINO's cache, and a left-padded batch's greedy tokens
-    are ONNX Runtime's alone and transformers' Llama's."""
-    reference, _ = llama
-    ids, mask = left_padded([7, 4], 7, reference.config.vocab_size)
-    options = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
-    routed = OrtModelForCausalLM.from_pretrained(exports["portable"], engine="openvino", openvino_precision="f32")
+def test_greedy_generate_with_openvino_prompts_continues_in_onnxruntime_at_one_row_quantized(exports):
+    """A quantized export at batch 1 keeps the route (ONNX Runtime's decode steps were faster there): OpenVINO prefills
+    in f32, ONNX Runtime decodes from OpenVINO's cache, and the greedy tokens are ONNX Runtime's alone."""
+    ids = torch.randint(3, 60, (1, 7), generator=torch.Generator().manual_seed(2))
+    options = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    routed = OrtModelForCausalLM.from_pretrained(exports["portable-int8"], engine="openvino", openvino_precision="f32")
     session = routed.graphs["model"].session
     prompt_runs, step_runs = CallCounter(session.prompt_session), CallCounter(session.step_session)
     tokens = routed.generate(ids, **options)
     assert (prompt_runs.calls, step_runs.calls) == (1, 7)  # the prompt in OpenVINO, the 7 later tokens' steps in ORT
+    assert routed.stateful_openvino is None
+    alone = OrtModelForCausalLM.from_pretrained(exports["portable-int8"]).generate(ids, **options)
+    assert torch.equal(tokens, alone)
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_generate_runs_every_step_in_stateful_openvino_and_matches_transformers(do_sample, llama, exports):
+    """An unquantized export: `generate` runs the prompt and every step in OpenVINO with the cache held inside (the
+    route's sessions are not called). f32, a left-padded batch: greedy tokens equal ONNX Runtime's alone and
+    transformers' Llama's; sampling with the same seed draws ONNX Runtime's tokens."""
+    reference, _ = llama
+    ids, mask = left_padded([7, 4, 1], 7, reference.config.vocab_size)
+    options = dict(attention_mask=mask, max_new_tokens=9, do_sample=do_sample, pad_token_id=0, top_k=5)
+    model = OrtModelForCausalLM.from_pretrained(exports["portable"], engine="openvino", openvino_precision="f32")
+    session = model.graphs["model"].session
+    prompt_runs, step_runs = CallCounter(session.prompt_session), CallCounter(session.step_session)
+    torch.manual_seed(3)
+    tokens = model.generate(ids, **options)
+    assert (prompt_runs.calls, step_runs.calls) == (0, 0) and model.stateful_openvino is not None
+    torch.manual_seed(3)
     alone = OrtModelForCausalLM.from_pretrained(exports["portable"]).generate(ids, **options)
+    assert torch.equal(tokens, alone)
+    if not do_sample:
+        with torch.no_grad():
+            assert torch.equal(tokens, reference.generate(ids, **options))
+
+
+def test_stateful_openvino_generate_in_bf16_follows_transformers_bfloat16(llama, exports):
+    """bf16 compute (emulated or f32 where the CPU lacks it): the stateful loop's first greedy tokens are those of
+    transformers' Llama in bfloat16 up to where the two precisions' own tokens part (a chaotic tiny network)."""
+    reference, _ = llama
+    ids, mask = left_padded([6, 6], 6, reference.config.vocab_size)
+    options = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    model = OrtModelForCausalLM.from_pretrained(exports["portable"], engine="openvino", openvino_precision="bf16")
+    tokens = model.generate(ids, **options)
     with torch.no_grad():
-        expected = reference.generate(ids, **options)
-    assert torch.equal(tokens, alone) and torch.equal(tokens, expected)
+        float32 = reference.generate(ids, **options)
+        bfloat16 = copy.deepcopy(reference).to(torch.bfloat16).generate(ids, **options)
+    new = slice(ids.shape[1], None)
+    # The new tokens up to where float32 and bfloat16 part (at least the first: else this test could not fail).
+    agreeing = ids.shape[1] + int((float32[:, new] == bfloat16[:, new]).all(0).int().cumprod(0).sum())
+    assert agreeing > ids.shape[1] and torch.equal(tokens[:, :agreeing], float32[:, :agreeing]), agreeing
+
+
+def test_beam_search_with_openvino_runs_through_the_route(exports):
+    """Beam search is not the held-cache loop's: it runs `forward` (the route) and gives ONNX Runtime's beams."""
+    ids = torch.randint(3, 60, (1, 5), generator=torch.Generator().manual_seed(4))
+    options = dict(max_new_tokens=6, num_beams=3, do_sample=False, pad_token_id=0)
+    model = OrtModelForCausalLM.from_pretrained(exports["portable"], engine="openvino", openvino_precision="f32")
+    tokens = model.generate(ids, **options)
+    assert model.stateful_openvino is None
+    assert torch.equal(tokens, OrtModelForCausalLM.from_pretrained(exports["portable"]).generate(ids, **options))
 
 
 @pytest.mark.parametrize("precision", ["f32", "bf16"])

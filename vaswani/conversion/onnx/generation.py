@@ -15,6 +15,7 @@ memory.
     >>> model.generate(input_ids, num_beams=4, max_new_tokens=32)                   # beam search
 """
 
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -28,8 +29,9 @@ from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPas
 from ...modeling import cache_keyword, cache_of
 from ...modeling.pretrained import merge_cache_arguments
 from .contract import positions_from_mask
-from .gqa_runtime import GqaDecoder, gqa_sample, is_gqa_form
+from .gqa_runtime import GqaDecoder, held_cache_sample, is_gqa_form
 from .lean_steps import Step, lean_loop_fits, sample_tokens
+from .openvino_engine import OpenVinoDecoder, RoutedSession
 from .runtime import OrtModel, check_unsupported_arguments
 from .session import TENSOR_DTYPES, OrtGraph
 
@@ -272,6 +274,8 @@ class OrtModelForCausalLM(OrtModelForGeneration):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.stateful_openvino: OpenVinoDecoder | None = None
+        self.openvino_decoder_lock = threading.Lock()
         if is_gqa_form(self.manifest):
             # The ONNX Runtime-only form (ort_llm.py): one in-place KV buffer per cache tensor, driven by lengths.
             if self.device.type != "cpu":
@@ -345,19 +349,36 @@ class OrtModelForCausalLM(OrtModelForGeneration):
         return graph.prepare(values)
 
     def lean_sample(self, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
-        """As `OrtModelForGeneration.lean_sample`; the GroupQueryAttention form has a loop of its own (`gqa_sample`,
-        in-place KV buffers), with `forward_step` for the prompts it cannot start from."""
+        """As `OrtModelForGeneration.lean_sample`; the GroupQueryAttention form, and `engine="openvino"` where OpenVINO
+        runs every step (`OpenVinoDecoder.serves`), have a loop of their own (`held_cache_sample`, the cache held for
+        the whole call), with `forward_step` for the prompts it cannot start from."""
         loop = (logits_processor, stopping_criteria, generation_config)
-        if self.gqa is not None:
+        decoder = self.gqa if self.gqa is not None else self.openvino_decoder(input_ids.shape[0])
+        if decoder is not None:
             mask, positions = model_kwargs.get("attention_mask"), model_kwargs.get("position_ids")
-            tokens = gqa_sample(self.gqa, input_ids, mask, positions, *loop)
+            tokens = held_cache_sample(decoder, input_ids, mask, positions, *loop)
             if tokens is not None:
                 return tokens
         return super().lean_sample(input_ids, *loop, **model_kwargs)
 
+    def openvino_decoder(self, batch: int) -> OpenVinoDecoder | None:
+        """With `engine="openvino"`, the stateful OpenVINO decoder where it runs a `batch`-row generation (compiled on
+        first use, so a model that only runs `forward`, as the server does, never holds it); else None."""
+        session = self.graphs["model"].session
+        if not isinstance(session, RoutedSession) or not OpenVinoDecoder.serves(self.manifest, batch):
+            return None
+        with self.openvino_decoder_lock:
+            if self.stateful_openvino is None:
+                prompts = session.prompt_session
+                self.stateful_openvino = OpenVinoDecoder(
+                    prompts.path, self.manifest, prompts.precision, prompts.threads,
+                    self.config.max_position_embeddings,
+                )  # fmt: skip
+        return self.stateful_openvino
+
     def fast_loop_inputs(self, input_ids: torch.Tensor, model_kwargs: dict):
         if self.gqa is not None:
-            return None  # `gqa_sample` declined these inputs: `forward` takes them, or says why it cannot
+            return None  # `held_cache_sample` declined these inputs: `forward` takes them, or says why it cannot
         past = self.empty_past(input_ids.shape[0])
         inputs = self.decoder_inputs(
             input_ids, model_kwargs.get("attention_mask"), model_kwargs.get("position_ids"), past, logits_to_keep=1

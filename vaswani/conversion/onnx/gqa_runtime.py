@@ -1,6 +1,6 @@
 """The runtime of the GroupQueryAttention decoder form (`ort_llm.py` writes it): `GqaDecoder` drives such a graph
 through IO binding, one in-place KV buffer per cache tensor bound as both past and present; `step_hf` takes and
-returns transformers' layout (for `OrtModelForCausalLM.forward` and validation), `gqa_sample` is the lean
+returns transformers' layout (for `OrtModelForCausalLM.forward` and validation), `held_cache_sample` is the lean
 greedy/sampling loop. The graph's I/O and how padding becomes lengths: `ort_llm.py` and docs/deployment.md.
 
     >>> decoder = GqaDecoder(session, manifest, rotary_positions=config.max_position_embeddings)
@@ -8,6 +8,7 @@ greedy/sampling loop. The graph's I/O and how padding becomes lengths: `ort_llm.
 """
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
@@ -23,6 +24,9 @@ from .lean_steps import (
 )
 from .ort_llm import FORM_GQA
 
+if TYPE_CHECKING:
+    from .openvino_engine import OpenVinoDecoder
+
 
 def is_gqa_form(manifest: dict) -> bool:
     """Whether an export's decoder graph is the GroupQueryAttention form."""
@@ -34,7 +38,7 @@ class GqaDecoder:
     both past and present (the kernel appends in place, no copy of the past), logits into a buffer reused per step.
 
     `step_hf` takes and returns transformers' layout (a padded mask, caches aligned with it) for `forward` and
-    validation; `start`/`decode` are the lean loop's (`gqa_sample`).
+    validation; `start`/`decode` are the lean loop's (`held_cache_sample`).
     """
 
     def __init__(self, session: ort.InferenceSession, manifest: dict, rotary_positions: int):
@@ -183,7 +187,7 @@ class GqaDecoder:
         batch, length = input_ids.shape
         mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         if not bool(mask[:, -1].all()):
-            raise _NotLeftPaddedError
+            raise NotLeftPaddedError
         counts = mask.sum(1)
         ids = torch.gather(input_ids, 1, _front_indices(mask, length)) * (torch.arange(length)[None] < counts[:, None])
         buffers = self.new_buffers(batch, capacity)
@@ -215,7 +219,7 @@ def positions_follow_mask(position_ids: torch.Tensor | None, attention_mask: tor
     return torch.equal(torch.as_tensor(position_ids).expand(batch, -1)[real], expected[real])
 
 
-class _NotLeftPaddedError(Exception):
+class NotLeftPaddedError(Exception):
     """The prompt's last column holds padding: the lean loop decodes it through `forward` instead."""
 
 
@@ -264,8 +268,8 @@ class GqaState:
         self.total += 1
 
 
-def gqa_sample(
-    decoder: GqaDecoder,
+def held_cache_sample(
+    decoder: "GqaDecoder | OpenVinoDecoder",
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None,
     position_ids: torch.Tensor | None,
@@ -273,10 +277,11 @@ def gqa_sample(
     stopping_criteria,
     generation_config,
 ) -> torch.Tensor | None:
-    """The lean greedy/sampling loop (`OrtModelForGeneration.lean_sample`) on a GroupQueryAttention-form graph: the same
-    processors, stopping criteria and random draws, one preallocated buffer per cache tensor for the whole call, and
-    per step only the token, two lengths and the run; plain greedy search (no processor, the standard criteria) runs
-    that on numpy views of the bound buffers (`_greedy_numpy`). Returns None when the prompt is not left-padded (its last
+    """The lean greedy/sampling loop (`OrtModelForGeneration.lean_sample`) on a decoder that holds its cache for the
+    whole call: a GroupQueryAttention-form graph (one preallocated buffer per cache tensor) or OpenVINO's stateful
+    graph (`openvino_engine.OpenVinoDecoder`). The same processors, stopping criteria and random draws, and per step
+    only the token and the run; on the GroupQueryAttention form, plain greedy search (no processor, the standard
+    criteria) runs that on numpy views of the bound buffers (`_greedy_numpy`). Returns None when the prompt is not left-padded (its last
     column is padding) or `position_ids` are not the mask's: the caller then runs it through `forward`."""
     batch, length = input_ids.shape
     if not positions_follow_mask(position_ids, attention_mask, input_ids.shape):
@@ -284,7 +289,7 @@ def gqa_sample(
     capacity = max(generation_config.max_length, length + 1)
     try:
         next_logits, state = decoder.start(input_ids, attention_mask, min(capacity, decoder.max_positions))
-    except _NotLeftPaddedError:
+    except NotLeftPaddedError:
         return None
     # The sequences so far, in one preallocated tensor: each step writes a column and the processors and criteria
     # see a view (no concatenation per token).
@@ -301,7 +306,8 @@ def gqa_sample(
         and isinstance(processors, list)
         and all(isinstance(processor, SuppressTokensUntilLength) for processor in processors)
     )
-    if plain_greedy and stops is not None and (pad_token_id is not None or not has_eos_stopping_criteria):
+    bound = isinstance(decoder, GqaDecoder)
+    if bound and plain_greedy and stops is not None and (pad_token_id is not None or not has_eos_stopping_criteria):
         pad = None if pad_token_id is None else int(pad_token_id)
         suppressed = [
             (processor.columns_in(next_logits.shape[-1]).numpy(), processor.length) for processor in processors
@@ -336,7 +342,7 @@ def _greedy_numpy(
     pad: int | None,
     suppressed: list[tuple[np.ndarray, int]] = (),
 ) -> torch.Tensor:
-    """`gqa_sample`'s loop for plain greedy search (the standard stopping criteria) on numpy views of the bound
+    """`held_cache_sample`'s loop for plain greedy search (the standard stopping criteria) on numpy views of the bound
     buffers: the same tokens and stops (numpy's argmax takes the first highest score, as torch's does), at a few
     microseconds per operation instead of torch's dispatch (0.1 ms of a step at batch 1).
     `pad`: the token finished rows get (None: no end-of-sequence criterion, no row finishes early).

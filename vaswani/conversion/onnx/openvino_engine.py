@@ -11,16 +11,24 @@ steps in ONNX Runtime. The portable graph's cache is plain (batch, heads, length
 the hand-over is the present tensors of one engine fed as the past of the other. The cost is memory: both runtimes
 hold the weights (OpenVINO in its compute precision).
 
+`generate` goes further where OpenVINO was measured faster on every step (`OpenVinoDecoder.serves`: an unquantized
+export, or more than one row): the whole greedy/sampling loop runs in OpenVINO on the graph made stateful, its cache
+held inside the infer request. That is the form OpenVINO's CPU plugin fuses into one attention-with-cache kernel
+(the cache appended in place, grouped-query heads without copies), as in OpenVINO GenAI's own models; run stateless,
+with the cache passed in and out on every call, the same graph spent about half of a decode step outside its kernels.
+
     >>> model = OrtModelForCausalLM.from_pretrained("onnx-folder", engine="openvino")       # bf16 where the CPU has it
     >>> model = OrtModelForCausalLM.from_pretrained("onnx-folder", engine="openvino", openvino_precision="f32")
     >>> OpenVinoSession("onnx-folder/model.onnx", precision="bf16", threads=2).run(None, feeds)  # one graph, alone
 """
 
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 ENGINES = ("onnxruntime", "openvino", "auto")
 PRECISIONS = ("auto", "f32", "bf16")
@@ -158,6 +166,158 @@ class RoutedSession:
     def get_providers(self) -> list[str]:
         """The prompt engine first (what `OrtModel.provider` reports), then ONNX Runtime's providers."""
         return [*self.prompt_session.get_providers(), *self.step_session.get_providers()]
+
+
+class OpenVinoDecoder:
+    """A portable decoder graph compiled by OpenVINO with its cache inside: what `generate` runs every step in where
+    `serves` says so (`OrtModelForCausalLM.lean_sample`). The same duck type as `GqaDecoder` for the lean loop
+    (`held_cache_sample`): `start` prefills a left-padded prompt and returns the state its decode steps continue,
+    `decode` appends one token per row. Each `start` makes a new infer request, so concurrent calls do not share a
+    cache.
+
+    The graph is made stateful as OpenVINO GenAI's models are (`make_stateful`), the cache kept in float16 for bf16
+    compute and float32 for f32.
+
+    Example:
+        >>> decoder = OpenVinoDecoder("onnx-folder/model.onnx", manifest, "bf16", threads=2, max_positions=8192)
+        >>> logits, state = decoder.start(input_ids, attention_mask)   # (batch, vocab): each row's last token
+        >>> logits = decoder.decode(state, logits.argmax(-1))
+    """
+
+    def __init__(self, path: str | Path, manifest: dict, precision: str, threads: int, max_positions: int):
+        openvino = import_openvino()
+        core = openvino.Core()
+        try:
+            model = core.read_model(str(path))
+        except RuntimeError as error:
+            raise ValueError(unreadable_graph_message(Path(path), error)) from error
+        make_stateful(model, manifest)
+        properties = {
+            "INFERENCE_PRECISION_HINT": OPENVINO_TYPES[precision],
+            "INFERENCE_NUM_THREADS": int(threads),
+            "KV_CACHE_PRECISION": "f16" if precision == "bf16" else "f32",
+        }
+        self.compiled = core.compile_model(model, "CPU", properties)
+        self.logits_port = next(port for port in self.compiled.outputs if port.get_any_name() == "logits")
+        self.max_positions = max_positions
+
+    @staticmethod
+    def serves(manifest: dict, batch: int) -> bool:
+        """Whether `generate` runs every step in OpenVINO: measured faster for unquantized exports at any batch and
+        for quantized ones from two rows (at one row ONNX Runtime's `MatMulNBits` decode steps were faster:
+        docs/results/openvino_route_1b_cpu.md)."""
+        return manifest.get("quantization") is None or batch > 1
+
+    def check_capacity(self, length: int) -> None:
+        """Refuse a step past the rotary table's positions."""
+        if length >= self.max_positions:
+            raise ValueError(
+                f"Generation reached the {self.max_positions} positions of this export's rotary table "
+                f"(max_position_embeddings); ask for fewer tokens."
+            )
+
+    def run(self, state: "OpenVinoState", input_ids: np.ndarray, positions: np.ndarray) -> torch.Tensor:
+        feeds = {
+            "input_ids": input_ids,
+            "attention_mask": state.mask,
+            "position_ids": positions,
+            "logits_positions": np.array([input_ids.shape[1] - 1], dtype=np.int64),
+            "beam_idx": state.rows,
+        }
+        state.request.infer(feeds, share_inputs=True)
+        return torch.from_numpy(state.request.get_tensor(self.logits_port).data[:, -1].copy())
+
+    def start(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, capacity: int | None = None
+    ) -> tuple[torch.Tensor, "OpenVinoState"]:
+        """Prefill a left-padded prompt: each row's last token's logits (batch, vocab) and the decode steps' state.
+        Raises `NotLeftPaddedError` where the last column holds padding."""
+        from .gqa_runtime import NotLeftPaddedError
+
+        batch, length = input_ids.shape
+        if capacity is not None and capacity > self.max_positions:
+            raise ValueError(
+                f"{capacity} tokens (prompt + new) exceed the {self.max_positions} positions of this export's rotary "
+                f"table (max_position_embeddings); generate fewer tokens."
+            )
+        mask = torch.ones_like(input_ids) if attention_mask is None else torch.as_tensor(attention_mask)
+        if not bool(mask[:, -1].all()):
+            raise NotLeftPaddedError
+        mask = mask.to(torch.int64).numpy()
+        positions = np.maximum(mask.cumsum(-1) - 1, 0)
+        rows = np.arange(batch, dtype=np.int32)
+        state = OpenVinoState(self.compiled.create_infer_request(), mask, positions[:, -1:] + 1, rows)
+        logits = self.run(state, input_ids.to(torch.int64).numpy(), positions)
+        return logits, state
+
+    def decode(self, state: "OpenVinoState", tokens: torch.Tensor) -> torch.Tensor:
+        """One token per row (batch,): the (batch, vocab) logits of the next."""
+        state.mask = np.concatenate([state.mask, np.ones((state.mask.shape[0], 1), dtype=np.int64)], 1)
+        logits = self.run(state, tokens.to(torch.int64).numpy()[:, None], state.next_positions)
+        state.next_positions = state.next_positions + 1
+        return logits
+
+
+@dataclass
+class OpenVinoState:
+    """One generate call's cache (inside `request`), its attention mask so far and each row's next position."""
+
+    request: Any
+    mask: np.ndarray  # (batch, tokens held) int64
+    next_positions: np.ndarray  # (batch, 1) int64
+    rows: np.ndarray  # (batch,) int32: the cache rows each step keeps, in order (no reordering)
+
+
+def make_stateful(model: Any, manifest: dict) -> None:
+    """Turn a portable decoder graph, read by OpenVINO, into the stateful form its CPU plugin fuses into one
+    attention-with-cache kernel (the form OpenVINO GenAI's models have):
+    - each past/present pair becomes one state (OpenVINO's `MakeStateful`), starting empty for the batch of
+      `input_ids` on every new infer request;
+    - each state is read through a `Gather` by a new `beam_idx` input (the rows to keep, in order), which the fusion
+      expects;
+    - the grouped-query heads' `Tile` of the keys and values becomes the equal bidirectional `Broadcast` (the repeated
+      axis has size 1), the form the fusion recognises."""
+    import openvino
+    from openvino import opset13
+    from openvino.passes import MakeStateful, Manager
+
+    layers, heads, head_dim = manifest["num_layers"], manifest["num_key_value_heads"], manifest["head_dim"]
+    pairs = {f"past_key_values.{i}.{kind}": f"present.{i}.{kind}" for i in range(layers) for kind in ("key", "value")}
+    manager = Manager()
+    manager.register_pass(MakeStateful(pairs))
+    manager.run_passes(model)
+    rows = opset13.parameter([-1], openvino.Type.i32, name="beam_idx")
+    rows.output(0).set_names({"beam_idx"})
+    input_ids = next(parameter for parameter in model.get_parameters() if parameter.get_friendly_name() == "input_ids")
+    axis0 = opset13.constant(np.array(0, dtype=np.int64))
+    batch = opset13.gather(opset13.shape_of(input_ids), opset13.constant(np.array([0], dtype=np.int64)), axis0)
+    empty_shape = opset13.concat([batch, opset13.constant(np.array([heads, 0, head_dim], dtype=np.int64))], 0)
+    for node in model.get_ordered_ops():
+        kind = node.get_type_name()
+        if kind == "ReadValue":
+            node.set_arguments([opset13.broadcast(opset13.constant(np.array(0, dtype=np.float32)), empty_shape)])
+            readers = list(node.output(0).get_target_inputs())
+            kept = opset13.gather(node.output(0), rows, axis0)
+            for reader in readers:
+                reader.replace_source_output(kept.output(0))
+        elif kind == "Tile" and repeats_unit_axes(node):
+            broadcast = opset13.broadcast(node.input_value(0), node.input_value(1), broadcast_spec="BIDIRECTIONAL")
+            broadcast.set_friendly_name(node.get_friendly_name())
+            node.output(0).replace(broadcast.output(0))
+    model.add_parameters([rows])
+    model.validate_nodes_and_infer_types()
+
+
+def repeats_unit_axes(tile: Any) -> bool:
+    """Whether a `Tile` only repeats axes of size 1 (so a bidirectional `Broadcast` computes the same)."""
+    repeats = tile.input_value(1).get_node()
+    shape = tile.input_value(0).get_partial_shape()
+    if repeats.get_type_name() != "Constant" or shape.rank.is_dynamic:
+        return False
+    counts = repeats.get_vector()
+    return len(counts) == shape.rank.get_length() and all(
+        count == 1 or (dim.is_static and dim.get_length() == 1) for count, dim in zip(counts, shape)
+    )
 
 
 def unreadable_graph_message(path: Path, error: Exception) -> str:
