@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from serving_cases import free_port, offline_answer, server_answers, tiny_chat_tokenizer, wait_for
@@ -28,6 +29,7 @@ from vaswani.conversion.onnx import OnnxValidationError, OrtModelForCausalLM, ex
 from vaswani.conversion.onnx.contract import load_manifest  # noqa: E402
 from vaswani.conversion.onnx.openvino_engine import OpenVinoSession, chosen_engine, openvino_precision  # noqa: E402
 from vaswani.conversion.onnx.validation import TOLERANCES, allowed_difference  # noqa: E402
+from vaswani.serving.engine import OpenVinoStepModel, step_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +127,6 @@ def test_greedy_generate_with_openvino_prompts_continues_in_onnxruntime_at_one_r
     prompt_runs, step_runs = CallCounter(session.prompt_session), CallCounter(session.step_session)
     tokens = routed.generate(ids, **options)
     assert (prompt_runs.calls, step_runs.calls) == (1, 7)  # the prompt in OpenVINO, the 7 later tokens' steps in ORT
-    assert routed.stateful_openvino is None
     alone = OrtModelForCausalLM.from_pretrained(exports["portable-int8"]).generate(ids, **options)
     assert torch.equal(tokens, alone)
 
@@ -143,7 +144,7 @@ def test_generate_runs_every_step_in_stateful_openvino_and_matches_transformers(
     prompt_runs, step_runs = CallCounter(session.prompt_session), CallCounter(session.step_session)
     torch.manual_seed(3)
     tokens = model.generate(ids, **options)
-    assert (prompt_runs.calls, step_runs.calls) == (0, 0) and model.stateful_openvino is not None
+    assert (prompt_runs.calls, step_runs.calls) == (0, 0)  # neither the route's prompt calls nor its steps
     torch.manual_seed(3)
     alone = OrtModelForCausalLM.from_pretrained(exports["portable"]).generate(ids, **options)
     assert torch.equal(tokens, alone)
@@ -174,8 +175,9 @@ def test_beam_search_with_openvino_runs_through_the_route(exports):
     ids = torch.randint(3, 60, (1, 5), generator=torch.Generator().manual_seed(4))
     options = dict(max_new_tokens=6, num_beams=3, do_sample=False, pad_token_id=0)
     model = OrtModelForCausalLM.from_pretrained(exports["portable"], engine="openvino", openvino_precision="f32")
+    prompt_runs = CallCounter(model.graphs["model"].session.prompt_session)
     tokens = model.generate(ids, **options)
-    assert model.stateful_openvino is None
+    assert prompt_runs.calls == 1
     assert torch.equal(tokens, OrtModelForCausalLM.from_pretrained(exports["portable"]).generate(ids, **options))
 
 
@@ -303,3 +305,53 @@ def test_openvino_takes_onnxruntimes_thread_count_and_the_precision_asked(thread
     assert compiled.get_property("INFERENCE_NUM_THREADS") == threads
     if openvino_precision("auto") == "bf16":  # elsewhere OpenVINO may run the bf16 hint in f32
         assert "bfloat16" in str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+
+
+@pytest.mark.parametrize("export", ["portable", "portable-int8"])
+def test_openvino_batch_rows_join_and_leave_as_onnxruntime_generates_alone(export, exports):
+    """The server's batch with `--engine openvino` (`OpenVinoBatch`), driven by hand in f32: a row decodes alone (a
+    quantized export's steps in ONNX Runtime at one row, an unquantized one's in OpenVINO), two prompts join
+    mid-stream (OpenVINO's cache read out, padded and written back), the first row leaves; every row's greedy tokens
+    equal ONNX Runtime's `generate` on its prompt alone."""
+    model = OrtModelForCausalLM.from_pretrained(exports[export], engine="openvino", openvino_precision="f32")
+    step = step_model(model)
+    assert isinstance(step, OpenVinoStepModel)
+    step_runs = CallCounter(model.graphs["model"].session.step_session)
+    batch = step.new_batch()
+    generator = torch.Generator().manual_seed(5)
+    lengths = {"a": 5, "b": 9, "c": 3}
+    prompts = {name: torch.randint(3, 60, (length,), generator=generator).tolist() for name, length in lengths.items()}
+    tokens = {name: [] for name in prompts}
+
+    def decode(steps: int) -> None:
+        for _ in range(steps):
+            logits = batch.step(np.array([tokens[name][-1] for name in batch.rows]))
+            for name, token in zip(batch.rows, greedy(logits)):
+                tokens[name].append(token)
+
+    def greedy(logits: np.ndarray) -> list[int]:
+        """The argmax with end-of-sequence held back, as generate's min_new_tokens holds it in the oracle."""
+        logits = logits.copy()
+        logits[:, model.config.eos_token_id] = -np.inf
+        return logits.argmax(-1).tolist()
+
+    first = step.prefill_group(["a"], [prompts["a"]])
+    tokens["a"] += greedy(first.run(first.columns))
+    batch.join(first, [0])
+    decode(3)
+    group = step.prefill_group(["b", "c"], [prompts["b"], prompts["c"]])
+    for name, token in zip(group.rows, greedy(group.run(group.columns))):
+        tokens[name].append(token)
+    batch.join(group, [0, 1])
+    decode(4)
+    batch.keep([1, 2])  # "a" leaves
+    assert batch.rows == ["b", "c"]
+    decode(12)
+    quantized = export == "portable-int8"
+    assert step_runs.calls == (3 if quantized else 0)  # a's three steps alone, in ONNX Runtime, where quantized
+    alone = OrtModelForCausalLM.from_pretrained(exports[export])
+    for name, prompt in prompts.items():
+        with torch.no_grad():
+            count = len(tokens[name])
+            output = alone.generate(torch.tensor([prompt]), max_new_tokens=count, min_new_tokens=count, do_sample=False)
+        assert tokens[name] == output[0, len(prompt) :].tolist(), name

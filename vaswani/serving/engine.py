@@ -17,6 +17,10 @@ that the scheduler never asks which graph it runs:
   length (`seqlens_k`) instead of a mask. A decoding step appends one token per row in place (no copy of the cache)
   through an IO binding kept while the rows and the capacity stay the same; the capacity doubles when the longest row
   needs it. A joining prompt is copied once into a free slot; a leaving row's slot takes the last row's cache.
+- **Held by OpenVINO** (`OpenVinoBatch`, with `PrefillGroup`), for `engine="openvino"` (`OpenVinoStepModel`): a
+  left-padded batch whose cache, between OpenVINO's decode steps, stays inside one infer request of the stateful graph
+  (`openvino_engine.OpenVinoDecoder`), so that a step feeds only the tokens; joins and leaves read it out and write it
+  back once.
 
 Positions follow one rule everywhere, offline `generate`'s (`contract.positions_from_mask`): each token's count of
 real tokens before it. The GroupQueryAttention graph derives exactly that from the lengths.
@@ -38,6 +42,7 @@ from transformers.cache_utils import DynamicCache
 from ..conversion.onnx.contract import positions_from_mask
 from ..conversion.onnx.generation import OrtModelForCausalLM, store_in_cache
 from ..conversion.onnx.gqa_runtime import GqaDecoder
+from ..conversion.onnx.openvino_engine import OpenVinoDecoder
 from ..modeling import cache_of
 
 Array = Any  # numpy arrays on the CPU, torch tensors on a GPU
@@ -334,9 +339,64 @@ class GqaStepModel:
         return GqaPrefill(self.decoder, rows, prompts)
 
 
-def step_model(model: OrtModelForCausalLM) -> "OrtStepModel | GqaStepModel":
-    """The step model for an exported causal LM, whichever attention form its export holds."""
-    return GqaStepModel(model) if model.gqa is not None else OrtStepModel(model)
+def step_model(model: OrtModelForCausalLM) -> "OrtStepModel | GqaStepModel | OpenVinoStepModel":
+    """The step model for an exported causal LM, whichever attention form its export holds and engine runs it."""
+    if model.gqa is not None:
+        return GqaStepModel(model)
+    decoder = model.openvino_decoder()
+    return OrtStepModel(model) if decoder is None else OpenVinoStepModel(model, decoder)
+
+
+# ------------------------------------------------------------------------------ engine="openvino"
+
+
+class OpenVinoStepModel(OrtStepModel):
+    """The step model of `engine="openvino"`: prompts prefilled by the route (`OrtStepModel`: chunks of several
+    tokens in OpenVINO), and running batches whose cache OpenVINO holds between its decode steps (`OpenVinoBatch`)."""
+
+    def __init__(self, model: OrtModelForCausalLM, decoder: OpenVinoDecoder):
+        super().__init__(model)
+        self.decoder = decoder
+
+    def new_batch(self) -> "OpenVinoBatch":
+        return OpenVinoBatch(self)
+
+
+class OpenVinoBatch(RunningBatch):
+    """A `RunningBatch` whose decode steps OpenVINO runs on its stateful graph where `OpenVinoDecoder.serves` says so
+    (else ONNX Runtime's, as the route), the cache held in one infer request between them: such a step feeds only the
+    tokens, mask and positions. A join, leave or trim reads the cache out once (`cache`), `RunningBatch`'s own code
+    edits it, and the next OpenVINO step writes it back."""
+
+    held = False  # whether the cache is in the request rather than in `_cache`
+
+    def __init__(self, model: OpenVinoStepModel):
+        self.decoder = model.decoder
+        self.request = self.decoder.new_request()
+        super().__init__(model)
+
+    @property
+    def cache(self) -> list[Array]:
+        if self.held:
+            self._cache, self.held = self.decoder.read_cache(self.request), False
+        return self._cache
+
+    @cache.setter
+    def cache(self, arrays: list[Array]) -> None:
+        self._cache, self.held = arrays, False
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        """Feed one token per row (`tokens`, (batch,)); returns the logits (batch, vocab)."""
+        if not self.decoder.serves(self.model.model.manifest, len(self.rows)):
+            return super().step(tokens)
+        if not self.held:
+            self.decoder.write_cache(self.request, self._cache)
+            self._cache, self.held = [], True
+        mask = np.concatenate([self.mask, np.ones((len(self.rows), 1), dtype=np.int64)], axis=1)
+        positions = positions_from_mask(torch.from_numpy(mask))[:, -1:].numpy()
+        logits = self.decoder.infer(self.request, tokens.reshape(-1, 1), mask, positions)
+        self.mask = mask
+        return logits
 
 
 def kv_buffers(decoder: GqaDecoder, slots: int, capacity: int) -> list[torch.Tensor]:

@@ -15,7 +15,6 @@ memory.
     >>> model.generate(input_ids, num_beams=4, max_new_tokens=32)                   # beam search
 """
 
-import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -274,8 +273,6 @@ class OrtModelForCausalLM(OrtModelForGeneration):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.stateful_openvino: OpenVinoDecoder | None = None
-        self.openvino_decoder_lock = threading.Lock()
         if is_gqa_form(self.manifest):
             # The ONNX Runtime-only form (ort_llm.py): one in-place KV buffer per cache tensor, driven by lengths.
             if self.device.type != "cpu":
@@ -353,7 +350,9 @@ class OrtModelForCausalLM(OrtModelForGeneration):
         runs every step (`OpenVinoDecoder.serves`), have a loop of their own (`held_cache_sample`, the cache held for
         the whole call), with `forward_step` for the prompts it cannot start from."""
         loop = (logits_processor, stopping_criteria, generation_config)
-        decoder = self.gqa if self.gqa is not None else self.openvino_decoder(input_ids.shape[0])
+        decoder = self.gqa
+        if decoder is None and OpenVinoDecoder.serves(self.manifest, input_ids.shape[0]):
+            decoder = self.openvino_decoder()
         if decoder is not None:
             mask, positions = model_kwargs.get("attention_mask"), model_kwargs.get("position_ids")
             tokens = held_cache_sample(decoder, input_ids, mask, positions, *loop)
@@ -361,20 +360,11 @@ class OrtModelForCausalLM(OrtModelForGeneration):
                 return tokens
         return super().lean_sample(input_ids, *loop, **model_kwargs)
 
-    def openvino_decoder(self, batch: int) -> OpenVinoDecoder | None:
-        """With `engine="openvino"`, the stateful OpenVINO decoder where it runs a `batch`-row generation (compiled on
-        first use, so a model that only runs `forward`, as the server does, never holds it); else None."""
+    def openvino_decoder(self) -> OpenVinoDecoder | None:
+        """With `engine="openvino"`, the graph OpenVINO compiled stateful (the route's prompt engine), which `generate`
+        and the server also run decode steps in; else None."""
         session = self.graphs["model"].session
-        if not isinstance(session, RoutedSession) or not OpenVinoDecoder.serves(self.manifest, batch):
-            return None
-        with self.openvino_decoder_lock:
-            if self.stateful_openvino is None:
-                prompts = session.prompt_session
-                self.stateful_openvino = OpenVinoDecoder(
-                    prompts.path, self.manifest, prompts.precision, prompts.threads,
-                    self.config.max_position_embeddings,
-                )  # fmt: skip
-        return self.stateful_openvino
+        return session.prompt_session if isinstance(session, RoutedSession) else None
 
     def fast_loop_inputs(self, input_ids: torch.Tensor, model_kwargs: dict):
         if self.gqa is not None:

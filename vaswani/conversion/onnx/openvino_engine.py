@@ -139,12 +139,12 @@ class RoutedSession:
     their inputs and outputs are the same and each one's present cache is the other's past.
 
     Example:
-        >>> session = RoutedSession(OpenVinoSession(path, "bf16", 2), onnxruntime.InferenceSession(path, options))
+        >>> session = RoutedSession(OpenVinoDecoder(path, manifest, "bf16", 2), onnxruntime.InferenceSession(path))
         >>> logits, *present = session.run(None, {"input_ids": prompt, ...})       # OpenVINO
         >>> logits, *present = session.run(None, {"input_ids": next_tokens, ...})  # ONNX Runtime
     """
 
-    def __init__(self, prompt_session: OpenVinoSession, step_session: Any):
+    def __init__(self, prompt_session: "OpenVinoDecoder", step_session: Any):
         self.prompt_session, self.step_session = prompt_session, step_session
         if {arg.name for arg in prompt_session.get_inputs()} != {arg.name for arg in step_session.get_inputs()}:
             raise ValueError("The two sessions of a RoutedSession must run the same graph.")
@@ -170,13 +170,13 @@ class RoutedSession:
 
 class OpenVinoDecoder:
     """A portable decoder graph compiled by OpenVINO with its cache inside: what `generate` runs every step in where
-    `serves` says so (`OrtModelForCausalLM.lean_sample`). The same duck type as `GqaDecoder` for the lean loop
-    (`held_cache_sample`): `start` prefills a left-padded prompt and returns the state its decode steps continue,
-    `decode` appends one token per row. Each `start` makes a new infer request, so concurrent calls do not share a
-    cache.
+    `serves` says so (`OrtModelForCausalLM.lean_sample`), and where `vaswani serve --engine openvino` keeps its running
+    batch's cache between steps (`serving.engine.OpenVinoBatch`).
 
-    The graph is made stateful as OpenVINO GenAI's models are (`make_stateful`), the cache kept in float16 for bf16
-    compute and float32 for f32.
+    Each infer request (`new_request`) holds one cache, so concurrent generations do not share one. For the lean loop
+    (`held_cache_sample`) it is the same duck type as `GqaDecoder`: `start` prefills a left-padded prompt and returns
+    the state its decode steps continue, `decode` appends one token per row. The graph is made stateful as OpenVINO
+    GenAI's models are (`make_stateful`); the cache is kept in float16 for bf16 compute and in float32 for f32.
 
     Example:
         >>> decoder = OpenVinoDecoder("onnx-folder/model.onnx", manifest, "bf16", threads=2, max_positions=8192)
@@ -184,14 +184,20 @@ class OpenVinoDecoder:
         >>> logits = decoder.decode(state, logits.argmax(-1))
     """
 
-    def __init__(self, path: str | Path, manifest: dict, precision: str, threads: int, max_positions: int):
+    def __init__(
+        self, path: str | Path, manifest: dict, precision: str, threads: int, max_positions: int | None = None
+    ):
         openvino = import_openvino()
+        self.path, self.precision, self.threads = Path(path), precision, threads
         core = openvino.Core()
         try:
             model = core.read_model(str(path))
         except RuntimeError as error:
-            raise ValueError(unreadable_graph_message(Path(path), error)) from error
-        make_stateful(model, manifest)
+            raise ValueError(unreadable_graph_message(self.path, error)) from error
+        self.input_names = [port.get_any_name() for port in model.inputs]  # the stateless graph's, for `run`
+        self.output_names = [port.get_any_name() for port in model.outputs]
+        pairs = make_stateful(model, manifest)
+        self.past_names, self.present_names = list(pairs), list(pairs.values())
         properties = {
             "INFERENCE_PRECISION_HINT": OPENVINO_TYPES[precision],
             "INFERENCE_NUM_THREADS": int(threads),
@@ -199,43 +205,87 @@ class OpenVinoDecoder:
         }
         self.compiled = core.compile_model(model, "CPU", properties)
         self.logits_port = next(port for port in self.compiled.outputs if port.get_any_name() == "logits")
+        # OpenVINO names each state by its past input and present output; the cache's order is the inputs'.
+        self.state_order = {past + present: index for index, (past, present) in enumerate(pairs.items())}
         self.max_positions = max_positions
 
     @staticmethod
     def serves(manifest: dict, batch: int) -> bool:
-        """Whether `generate` runs every step in OpenVINO: measured faster for unquantized exports at any batch and
-        for quantized ones from two rows (at one row ONNX Runtime's `MatMulNBits` decode steps were faster:
-        docs/results/openvino_route_1b_cpu.md)."""
+        """Whether OpenVINO runs the decode steps of a `batch`-row generation: measured faster for unquantized
+        exports at any batch and for quantized ones from two rows (at one row ONNX Runtime's `MatMulNBits` decode
+        steps were faster: docs/results/openvino_route_1b_cpu.md)."""
         return manifest.get("quantization") is None or batch > 1
 
     def check_capacity(self, length: int) -> None:
         """Refuse a step past the rotary table's positions."""
-        if length >= self.max_positions:
+        if self.max_positions is not None and length >= self.max_positions:
             raise ValueError(
                 f"Generation reached the {self.max_positions} positions of this export's rotary table "
                 f"(max_position_embeddings); ask for fewer tokens."
             )
 
-    def run(self, state: "OpenVinoState", input_ids: np.ndarray, positions: np.ndarray) -> torch.Tensor:
+    def new_request(self) -> Any:
+        """An infer request whose cache starts empty (for the batch of its first run)."""
+        return self.compiled.create_infer_request()
+
+    def infer(self, request: Any, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Feed `input_ids` (batch, new) after the request's cache, under `mask` (batch, cached + new) at `positions`
+        (batch, new); the cache grows by the new tokens. Returns the last column's logits (batch, vocab), a copy."""
         feeds = {
-            "input_ids": input_ids,
-            "attention_mask": state.mask,
-            "position_ids": positions,
+            "input_ids": np.ascontiguousarray(input_ids, dtype=np.int64),
+            "attention_mask": np.ascontiguousarray(mask, dtype=np.int64),
+            "position_ids": np.ascontiguousarray(positions, dtype=np.int64),
             "logits_positions": np.array([input_ids.shape[1] - 1], dtype=np.int64),
-            "beam_idx": state.rows,
+            "beam_idx": np.arange(input_ids.shape[0], dtype=np.int32),  # every row kept, in order
         }
-        state.request.infer(feeds, share_inputs=True)
-        return torch.from_numpy(state.request.get_tensor(self.logits_port).data[:, -1].copy())
+        request.infer(feeds, share_inputs=True)
+        return request.get_tensor(self.logits_port).data[:, -1].copy()
+
+    def read_cache(self, request: Any) -> list[np.ndarray]:
+        """The request's cache as the graph's present tensors, (batch, kv_heads, length, head_dim) each, in order."""
+        cache = [None] * len(self.state_order)
+        for state in request.query_state():
+            cache[self.state_order[state.name]] = state.state.data.copy()
+        return cache
+
+    def write_cache(self, request: Any, cache: list[np.ndarray]) -> None:
+        """Replace the request's cache by `cache` (as `read_cache` returns it, or a graph's present tensors)."""
+        openvino = import_openvino()
+        for state in request.query_state():
+            state.state = openvino.Tensor(np.ascontiguousarray(cache[self.state_order[state.name]]))
+
+    def run(self, output_names: list[str] | None, feeds: dict[str, np.ndarray], run_options: Any = None) -> list:
+        """ONNX Runtime's `run` on the stateless graph's inputs and outputs (what `OrtGraph`, the route and validation
+        call): the past tensors written into a new request's cache, the present ones read back out. Returns the
+        outputs named (all, in graph order, for None) as numpy arrays."""
+        request = self.new_request()
+        past = [feeds[name] for name in self.past_names]
+        if past[0].shape[2]:  # else the request's cache starts empty, for the batch of this run
+            self.write_cache(request, past)
+        inputs = {name: feeds[name] for name in self.input_names if name in feeds and name not in self.past_names}
+        request.infer({**inputs, "beam_idx": np.arange(past[0].shape[0], dtype=np.int32)}, share_inputs=True)
+        outputs = dict(zip(self.present_names, self.read_cache(request)))
+        outputs["logits"] = request.get_tensor(self.logits_port).data.copy()
+        return [outputs[name] for name in output_names or self.output_names]
+
+    def get_inputs(self) -> list[_NodeArg]:
+        return [_NodeArg(name) for name in self.input_names]
+
+    def get_outputs(self) -> list[_NodeArg]:
+        return [_NodeArg(name) for name in self.output_names]
+
+    def get_providers(self) -> list[str]:
+        return [f"{PROVIDER_NAME} ({self.precision})"]
 
     def start(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, capacity: int | None = None
     ) -> tuple[torch.Tensor, "OpenVinoState"]:
-        """Prefill a left-padded prompt: each row's last token's logits (batch, vocab) and the decode steps' state.
-        Raises `NotLeftPaddedError` where the last column holds padding."""
+        """Prefill a left-padded prompt in a new request: each row's last token's logits (batch, vocab) and the decode
+        steps' state. Raises `NotLeftPaddedError` where the last column holds padding."""
+        from .contract import positions_from_mask
         from .gqa_runtime import NotLeftPaddedError
 
-        batch, length = input_ids.shape
-        if capacity is not None and capacity > self.max_positions:
+        if None not in (capacity, self.max_positions) and capacity > self.max_positions:
             raise ValueError(
                 f"{capacity} tokens (prompt + new) exceed the {self.max_positions} positions of this export's rotary "
                 f"table (max_position_embeddings); generate fewer tokens."
@@ -243,19 +293,18 @@ class OpenVinoDecoder:
         mask = torch.ones_like(input_ids) if attention_mask is None else torch.as_tensor(attention_mask)
         if not bool(mask[:, -1].all()):
             raise NotLeftPaddedError
+        positions = positions_from_mask(mask).numpy()  # as generate makes them
         mask = mask.to(torch.int64).numpy()
-        positions = np.maximum(mask.cumsum(-1) - 1, 0)
-        rows = np.arange(batch, dtype=np.int32)
-        state = OpenVinoState(self.compiled.create_infer_request(), mask, positions[:, -1:] + 1, rows)
-        logits = self.run(state, input_ids.to(torch.int64).numpy(), positions)
-        return logits, state
+        state = OpenVinoState(self.new_request(), mask, positions[:, -1:] + 1)
+        logits = self.infer(state.request, input_ids.numpy(), mask, positions)
+        return torch.from_numpy(logits), state
 
     def decode(self, state: "OpenVinoState", tokens: torch.Tensor) -> torch.Tensor:
         """One token per row (batch,): the (batch, vocab) logits of the next."""
         state.mask = np.concatenate([state.mask, np.ones((state.mask.shape[0], 1), dtype=np.int64)], 1)
-        logits = self.run(state, tokens.to(torch.int64).numpy()[:, None], state.next_positions)
+        logits = self.infer(state.request, tokens.numpy()[:, None], state.mask, state.next_positions)
         state.next_positions = state.next_positions + 1
-        return logits
+        return torch.from_numpy(logits)
 
 
 @dataclass
@@ -265,10 +314,9 @@ class OpenVinoState:
     request: Any
     mask: np.ndarray  # (batch, tokens held) int64
     next_positions: np.ndarray  # (batch, 1) int64
-    rows: np.ndarray  # (batch,) int32: the cache rows each step keeps, in order (no reordering)
 
 
-def make_stateful(model: Any, manifest: dict) -> None:
+def make_stateful(model: Any, manifest: dict) -> dict[str, str]:
     """Turn a portable decoder graph, read by OpenVINO, into the stateful form its CPU plugin fuses into one
     attention-with-cache kernel (the form OpenVINO GenAI's models have):
     - each past/present pair becomes one state (OpenVINO's `MakeStateful`), starting empty for the batch of
@@ -276,7 +324,8 @@ def make_stateful(model: Any, manifest: dict) -> None:
     - each state is read through a `Gather` by a new `beam_idx` input (the rows to keep, in order), which the fusion
       expects;
     - the grouped-query heads' `Tile` of the keys and values becomes the equal bidirectional `Broadcast` (the repeated
-      axis has size 1), the form the fusion recognises."""
+      axis has size 1), the form the fusion recognises.
+    Returns the past input -> present output pairs that became states, in the graph's cache order."""
     import openvino
     from openvino import opset13
     from openvino.passes import MakeStateful, Manager
@@ -306,6 +355,7 @@ def make_stateful(model: Any, manifest: dict) -> None:
             node.output(0).replace(broadcast.output(0))
     model.add_parameters([rows])
     model.validate_nodes_and_infer_types()
+    return pairs
 
 
 def repeats_unit_axes(tile: Any) -> bool:

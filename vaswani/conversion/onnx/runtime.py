@@ -34,7 +34,7 @@ from transformers.utils import ModelOutput
 
 from ...modeling.configuration import CONFIG_CLASSES
 from .contract import DTYPES, load_manifest
-from .openvino_engine import OpenVinoSession, RoutedSession, check_engine, chosen_engine, refuse_unreadable_form
+from .openvino_engine import OpenVinoDecoder, RoutedSession, check_engine, chosen_engine, refuse_unreadable_form
 from .openvino_engine import openvino_precision as resolve_openvino_precision
 from .session import OrtGraph, cuda_provider_options, default_session_options, resolve_provider
 
@@ -154,7 +154,10 @@ class OrtModel:
                 )
             if engine == "openvino":
                 threads = session_options.intra_op_num_threads
-                prompt_session = OpenVinoSession(folder / spec["file"], openvino_precision, threads)
+                positions = getattr(config, "max_position_embeddings", None)
+                prompt_session = OpenVinoDecoder(
+                    folder / spec["file"], manifest, openvino_precision, threads, positions
+                )
                 session = RoutedSession(prompt_session, session)
             use_io_binding = device.type == "cuda" or bool(use_io_binding)
             graphs[name] = OrtGraph(folder, name, spec, session, device, use_io_binding, manifest["vocab_size"])

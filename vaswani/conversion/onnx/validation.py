@@ -15,7 +15,14 @@ from transformers import PreTrainedModel
 from ...modeling import cache_of
 from .contract import PAST_PLUS_SEQUENCE, load_manifest, padded_mask
 from .gqa_runtime import GqaValidationRunner, is_gqa_form
-from .openvino_engine import PROVIDER_NAME, OpenVinoSession, check_engine, chosen_engine, refuse_unreadable_form
+from .openvino_engine import (
+    PROVIDER_NAME,
+    OpenVinoDecoder,
+    OpenVinoSession,
+    check_engine,
+    chosen_engine,
+    refuse_unreadable_form,
+)
 from .openvino_engine import openvino_precision as resolve_openvino_precision
 from .references import PyTorchReferences, named_cache, on_device, pytorch_references, random_ids
 from .session import PROVIDERS, cuda_provider_options
@@ -347,7 +354,10 @@ class _GraphRunner:
         self.name, self.graph = name, manifest["graphs"][name]
         if openvino_precision is not None:
             path = folder / self.graph["file"]
-            self.session = OpenVinoSession(path, openvino_precision, torch.get_num_threads())
+            if manifest["task"] == "text-generation":  # the stateful graph that the runtime runs
+                self.session = OpenVinoDecoder(path, manifest, openvino_precision, torch.get_num_threads())
+            else:
+                self.session = OpenVinoSession(path, openvino_precision, torch.get_num_threads())
         else:
             options = ort.SessionOptions()
             options.intra_op_num_threads = torch.get_num_threads()
