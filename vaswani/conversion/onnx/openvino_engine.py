@@ -2,24 +2,26 @@
 graph file, compiled by OpenVINO for the CPU, behind the part of ONNX Runtime's `InferenceSession` that `OrtGraph`,
 the generation loops and the server call (`run`, `get_inputs`, `get_outputs`, `get_providers`).
 
-Why, and why only for prompts. ONNX Runtime's CPU provider has no bfloat16 or AMX matrix products; OpenVINO computes
-in bfloat16 where the CPU has AVX512_BF16 or AMX. On a 2-core AVX512_BF16 CPU (docs/results/openvino_route_cpu.md)
-that made the prompt steps of SmolLM2-135M faster in every export (fp32, int8, int4), while ONNX Runtime stayed
-faster on one-token decode steps, at batch 1 and 8. So `engine="openvino"` routes each call by its length
-(`RoutedSession`): steps that feed several tokens per row (prompts, prefill chunks) run in OpenVINO, one-token decode
-steps in ONNX Runtime. The portable graph's cache is plain (batch, heads, length, head_dim) tensors in and out, so
-the hand-over is the present tensors of one engine fed as the past of the other. The cost is memory: both runtimes
-hold the weights (OpenVINO in its compute precision).
+Why. ONNX Runtime's CPU provider has no bfloat16 or AMX matrix products; OpenVINO computes in bfloat16 where the
+CPU has AVX512_BF16 or AMX. The graph is compiled once, made stateful (`make_stateful`, `OpenVinoDecoder`): its
+cache lives in an infer request, the form OpenVINO's CPU plugin fuses into one attention-with-cache kernel (the
+cache appended in place, grouped-query heads read without copies), as in OpenVINO GenAI's own models. Run stateless,
+with the cache passed in and out on every call, the same graph spent about half of a decode step outside its
+kernels and lost every decode step to ONNX Runtime (docs/results/openvino_route_cpu.md).
 
-`generate` goes further where OpenVINO was measured faster on every step (`OpenVinoDecoder.serves`: an unquantized
-export, or more than one row): the whole greedy/sampling loop runs in OpenVINO on the graph made stateful, its cache
-held inside the infer request. That is the form OpenVINO's CPU plugin fuses into one attention-with-cache kernel
-(the cache appended in place, grouped-query heads without copies), as in OpenVINO GenAI's own models; run stateless,
-with the cache passed in and out on every call, the same graph spent about half of a decode step outside its kernels.
+What runs where (docs/results/openvino_route_1b_cpu.md has the measurements):
+- prompts and prefill chunks (more than one token per row): OpenVINO;
+- `generate`'s greedy/sampling loop and the server's running batch: every step in OpenVINO with the cache held in
+  the request, where `OpenVinoDecoder.serves` (an unquantized export, or two rows or more); one-token steps of a
+  quantized export's single row run in ONNX Runtime, whose `MatMulNBits` kernels decoded those faster;
+- other one-token calls (`forward`, beam search): ONNX Runtime (`RoutedSession` routes each call by its length).
+The stateless hand-over works because the portable graph's cache is plain (batch, heads, length, head_dim) tensors:
+OpenVINO's state is written from and read into them. The cost is memory: both runtimes hold the weights (OpenVINO in
+its compute precision).
 
     >>> model = OrtModelForCausalLM.from_pretrained("onnx-folder", engine="openvino")       # bf16 where the CPU has it
     >>> model = OrtModelForCausalLM.from_pretrained("onnx-folder", engine="openvino", openvino_precision="f32")
-    >>> OpenVinoSession("onnx-folder/model.onnx", precision="bf16", threads=2).run(None, feeds)  # one graph, alone
+    >>> OpenVinoSession("onnx-folder/model.onnx", precision="bf16", threads=2).run(None, feeds)  # any graph, stateless
 """
 
 import threading
@@ -89,8 +91,26 @@ class _NodeArg:
         self.name = name
 
 
-class OpenVinoSession:
-    """One exported graph compiled by OpenVINO for the CPU, run like an ONNX Runtime session.
+class _SessionDescription:
+    """What ONNX Runtime's session says about itself, from `input_names`, `output_names` and `precision`."""
+
+    input_names: list[str]
+    output_names: list[str]
+    precision: str
+
+    def get_inputs(self) -> list[_NodeArg]:
+        return [_NodeArg(name) for name in self.input_names]
+
+    def get_outputs(self) -> list[_NodeArg]:
+        return [_NodeArg(name) for name in self.output_names]
+
+    def get_providers(self) -> list[str]:
+        return [f"{PROVIDER_NAME} ({self.precision})"]
+
+
+class OpenVinoSession(_SessionDescription):
+    """One exported graph compiled by OpenVINO for the CPU as it is (stateless), run like an ONNX Runtime session: what
+    validation runs graphs other than a text-generation decoder with (the decoder runs as `OpenVinoDecoder`).
 
     `precision` is "f32" or "bf16" (see `openvino_precision`), `threads` OpenVINO's inference threads (as ONNX
     Runtime's intra-op threads). Inputs are read in place (`share_inputs`), outputs copied out, so a returned array
@@ -102,13 +122,8 @@ class OpenVinoSession:
     """
 
     def __init__(self, path: str | Path, precision: str, threads: int):
-        openvino = import_openvino()
         self.path, self.precision, self.threads = Path(path), precision, threads
-        core = openvino.Core()
-        try:
-            model = core.read_model(str(path))
-        except RuntimeError as error:
-            raise ValueError(unreadable_graph_message(self.path, error)) from error
+        core, model = read_graph(self.path)
         properties = {"INFERENCE_PRECISION_HINT": OPENVINO_TYPES[precision], "INFERENCE_NUM_THREADS": int(threads)}
         self.compiled = core.compile_model(model, "CPU", properties)
         self.request = self.compiled.create_infer_request()
@@ -122,15 +137,6 @@ class OpenVinoSession:
         with self.lock:
             results = self.request.infer(feeds, share_inputs=True, share_outputs=False)
         return [results[self.output_ports[name]] for name in output_names or self.output_names]
-
-    def get_inputs(self) -> list[_NodeArg]:
-        return [_NodeArg(name) for name in self.input_names]
-
-    def get_outputs(self) -> list[_NodeArg]:
-        return [_NodeArg(name) for name in self.output_names]
-
-    def get_providers(self) -> list[str]:
-        return [f"{PROVIDER_NAME} ({self.precision})"]
 
 
 class RoutedSession:
@@ -168,7 +174,7 @@ class RoutedSession:
         return [*self.prompt_session.get_providers(), *self.step_session.get_providers()]
 
 
-class OpenVinoDecoder:
+class OpenVinoDecoder(_SessionDescription):
     """A portable decoder graph compiled by OpenVINO with its cache inside: what `generate` runs every step in where
     `serves` says so (`OrtModelForCausalLM.lean_sample`), and where `vaswani serve --engine openvino` keeps its running
     batch's cache between steps (`serving.engine.OpenVinoBatch`).
@@ -187,13 +193,8 @@ class OpenVinoDecoder:
     def __init__(
         self, path: str | Path, manifest: dict, precision: str, threads: int, max_positions: int | None = None
     ):
-        openvino = import_openvino()
         self.path, self.precision, self.threads = Path(path), precision, threads
-        core = openvino.Core()
-        try:
-            model = core.read_model(str(path))
-        except RuntimeError as error:
-            raise ValueError(unreadable_graph_message(self.path, error)) from error
+        core, model = read_graph(self.path)
         self.input_names = [port.get_any_name() for port in model.inputs]  # the stateless graph's, for `run`
         self.output_names = [port.get_any_name() for port in model.outputs]
         pairs = make_stateful(model, manifest)
@@ -268,15 +269,6 @@ class OpenVinoDecoder:
         outputs["logits"] = request.get_tensor(self.logits_port).data.copy()
         return [outputs[name] for name in output_names or self.output_names]
 
-    def get_inputs(self) -> list[_NodeArg]:
-        return [_NodeArg(name) for name in self.input_names]
-
-    def get_outputs(self) -> list[_NodeArg]:
-        return [_NodeArg(name) for name in self.output_names]
-
-    def get_providers(self) -> list[str]:
-        return [f"{PROVIDER_NAME} ({self.precision})"]
-
     def start(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, capacity: int | None = None
     ) -> tuple[torch.Tensor, "OpenVinoState"]:
@@ -314,6 +306,16 @@ class OpenVinoState:
     request: Any
     mask: np.ndarray  # (batch, tokens held) int64
     next_positions: np.ndarray  # (batch, 1) int64
+
+
+def read_graph(path: Path) -> tuple[Any, Any]:
+    """OpenVINO's `Core` and the graph at `path` as its ONNX reader reads it; a graph it cannot read raises a
+    ValueError naming the fix (`unreadable_graph_message`)."""
+    core = import_openvino().Core()
+    try:
+        return core, core.read_model(str(path))
+    except RuntimeError as error:
+        raise ValueError(unreadable_graph_message(path, error)) from error
 
 
 def make_stateful(model: Any, manifest: dict) -> dict[str, str]:
