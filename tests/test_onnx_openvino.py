@@ -27,7 +27,12 @@ pytest.importorskip("openvino")
 
 from vaswani.conversion.onnx import OnnxValidationError, OrtModelForCausalLM, export_onnx, validate_onnx_export  # noqa: E402
 from vaswani.conversion.onnx.contract import load_manifest  # noqa: E402
-from vaswani.conversion.onnx.openvino_engine import OpenVinoSession, chosen_engine, openvino_precision  # noqa: E402
+from vaswani.conversion.onnx.openvino_engine import (  # noqa: E402
+    OpenVinoSession,
+    chosen_engine,
+    openvino_precision,
+    route_description,
+)
 from vaswani.conversion.onnx.validation import TOLERANCES, allowed_difference  # noqa: E402
 from vaswani.serving.engine import OpenVinoStepModel, step_model  # noqa: E402
 
@@ -259,7 +264,7 @@ def test_serve_engine_openvino_answers_a_chat_like_offline_generate(tiny_chat_pa
         http.close()
         process.terminate()
         log = process.communicate(timeout=60)[0].decode()
-    assert "prompt steps in OpenVINO (f32), one-token steps in ONNX Runtime" in log, log
+    assert route_description("OpenVINO (f32)") in log, log
     tokenizer = AutoTokenizer.from_pretrained(tiny_chat_pair["pytorch"])
     offline = AutoModelForCausalLM.from_pretrained(tiny_chat_pair["pytorch"]).eval()
     prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
@@ -275,7 +280,7 @@ def test_bench_and_perplexity_commands_take_the_engine(exports, tmp_path, capsys
     settings = ["--batch-sizes", "1", "--prompt-tokens", "8", "--new-tokens", "3", "--rounds", "1", "--threads", "1"]
     assert vaswani_cli(["bench", folder, "--engine", "openvino", *settings, "--json", str(output)]) == 0
     engine = json.loads(output.read_text())["engine"]
-    assert engine.startswith("prompt steps in OpenVINO (") and engine.endswith("one-token steps in ONNX Runtime")
+    assert engine in (route_description("OpenVINO (f32)"), route_description("OpenVINO (bf16)"))
     text = tmp_path / "text.txt"
     text.write_text("Once upon a time there was a little cat who liked to sleep in the sun. " * 8)
     scores = {}

@@ -273,7 +273,9 @@ def bench_folder(
     if loaded.form != "onnx":
         result.engine = loaded.form
     elif provider.startswith("OpenVINO"):  # openvino_engine.RoutedSession
-        result.engine = f"prompt steps in {provider}, one-token steps in ONNX Runtime"
+        from .conversion.onnx.openvino_engine import route_description
+
+        result.engine = route_description(provider)
     for batch_size in batch_sizes:
         prompts = random_prompts(batch_size, prompt_tokens, config.vocab_size, device)
         first, whole = [], []

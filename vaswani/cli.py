@@ -32,8 +32,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--engine",
         choices=("onnxruntime", "openvino", "auto"),
         default="onnxruntime",
-        help="what runs an ONNX export: onnxruntime, or openvino (text-generation on the CPU: prompt steps in OpenVINO, "
-        "in bfloat16 where the CPU has AVX512_BF16 or AMX; one-token steps in ONNX Runtime; needs pip install "
+        help="what runs an ONNX export: onnxruntime, or openvino (text-generation on the CPU: prompts in OpenVINO, "
+        "in bfloat16 where the CPU has AVX512_BF16 or AMX, and decode steps too where that is faster, the cache held "
+        "inside OpenVINO; the rest in ONNX Runtime; needs pip install "
         "'vaswani[openvino]' and an export with --attention portable), or auto (openvino where that applies and the "
         "CPU has bfloat16, else onnxruntime) (onnxruntime)",
     )
@@ -449,7 +450,9 @@ def _serving_line(service, args: argparse.Namespace) -> str:
     model = getattr(service, "model", None) or getattr(getattr(service, "engine", None), "model", None)
     provider = getattr(getattr(model, "model", model), "provider", "")  # a step model holds the OrtModel
     if provider.startswith("OpenVINO"):  # --engine openvino (or auto, where it chose it)
-        form += f", prompt steps in {provider}, one-token steps in ONNX Runtime"
+        from .conversion.onnx.openvino_engine import route_description
+
+        form += f", {route_description(provider)}"
     manifest = folder / "manifest.json"
     if args.backend == "onnx" and manifest.is_file():
         described = json.loads(manifest.read_text())

@@ -23,8 +23,9 @@ Where things are, in the order an export runs through them:
 - `ort_llm.py`, `gqa_runtime.py`: the ONNX Runtime-only decoder form (GroupQueryAttention with rotary inside, one
   in-place KV buffer per cache tensor): the export's rewrite; its runtime and lean loop.
 - `lean_steps.py`: the lean loop's per-step token work (min-length processors in place, numpy argmax).
-- `openvino_engine.py`: `engine="openvino"`: a portable decoder's prompt steps compiled by OpenVINO (bf16 where the
-  CPU has it), one-token steps in ONNX Runtime, behind one session (`RoutedSession`).
+- `openvino_engine.py`: `engine="openvino"`: a portable decoder compiled stateful by OpenVINO (bf16 where the CPU
+  has it) for prompts and, where faster, decode steps with the cache held inside it (`OpenVinoDecoder`); the other
+  one-token steps in ONNX Runtime, behind one session (`RoutedSession`).
 
 Where new things go: a new quantization format in `postprocess.py` (with its tolerance in
 `validation.TOLERANCES`); a new task in `tasks.py`, its graphs in `wrappers.py` and its class in `runtime.py` or

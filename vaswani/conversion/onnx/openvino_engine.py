@@ -49,6 +49,15 @@ def import_openvino():
     return openvino
 
 
+def route_description(provider: str) -> str:
+    """How `engine="openvino"` splits the work, for logs and benchmark results; `provider` is what
+    `OrtModel.provider` reports ("OpenVINO (bf16)")."""
+    return (
+        f"prompts in {provider}, decode steps too where faster (unquantized exports; quantized ones from two rows), "
+        f"other one-token steps in ONNX Runtime"
+    )
+
+
 def check_engine(engine: str, precision: str = "auto") -> None:
     """Raise a ValueError naming the choices for an unknown `engine` or OpenVINO `precision`."""
     if engine not in ENGINES:
@@ -140,7 +149,7 @@ class OpenVinoSession(_SessionDescription):
 
 
 class RoutedSession:
-    """Prompt steps in OpenVINO, one-token steps in ONNX Runtime: `run` sends a call whose `input_ids` hold more than
+    """Prompt calls in OpenVINO, one-token calls in ONNX Runtime: `run` sends a call whose `input_ids` hold more than
     one token per row to `prompt_session`, every other call to `step_session`. Both compile the same graph file, so
     their inputs and outputs are the same and each one's present cache is the other's past.
 
