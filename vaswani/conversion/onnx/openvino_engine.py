@@ -24,7 +24,12 @@ its compute precision).
     >>> OpenVinoSession("onnx-folder/model.onnx", precision="bf16", threads=2).run(None, feeds)  # any graph, stateless
 """
 
+import os
+import shutil
+import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -321,10 +326,56 @@ def read_graph(path: Path) -> tuple[Any, Any]:
     """OpenVINO's `Core` and the graph at `path` as its ONNX reader reads it; a graph it cannot read raises a
     ValueError naming the fix (`unreadable_graph_message`)."""
     core = import_openvino().Core()
+    with readable_graph_path(path) as readable:
+        try:
+            return core, core.read_model(str(readable))
+        except RuntimeError as error:
+            raise ValueError(unreadable_graph_message(path, error)) from error
+
+
+@contextmanager
+def readable_graph_path(path: Path) -> Iterator[Path]:
+    """`path`, or a path to the same graph that OpenVINO reads. Its ONNX reader refuses external data that resolves
+    outside the graph's folder, which is how the Hugging Face Hub's cache stores a download (each file a symlink into
+    the cache's blobs). Then the graph and its data files are hard-linked under their own names into a temporary
+    folder beside the data (no copy), which is removed once read: OpenVINO has mapped the data by then."""
+    import onnx
+
+    folder = path.parent
+    graph = onnx.load(str(path), load_external_data=False).graph
+    locations = {
+        entry.value
+        for tensor in graph.initializer
+        if tensor.data_location == onnx.TensorProto.EXTERNAL
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }
+    outside = [name for name in locations if (folder / name).resolve().parent != folder.resolve()]
+    if not outside:
+        yield path
+        return
+    data = (folder / outside[0]).resolve()
     try:
-        return core, core.read_model(str(path))
-    except RuntimeError as error:
-        raise ValueError(unreadable_graph_message(path, error)) from error
+        linked = Path(tempfile.mkdtemp(prefix=".openvino-", dir=data.parent))
+    except OSError as error:
+        raise ValueError(linked_data_message(folder, outside[0], data, error)) from error
+    try:
+        for name in [path.name, *sorted(locations)]:
+            os.link((folder / name).resolve(), linked / name)
+        yield linked / path.name
+    except OSError as error:
+        raise ValueError(linked_data_message(folder, outside[0], data, error)) from error
+    finally:
+        shutil.rmtree(linked, ignore_errors=True)
+
+
+def linked_data_message(folder: Path, name: str, data: Path, error: Exception) -> str:
+    return (
+        f"OpenVINO reads a graph's external data only from inside the graph's folder, and {folder / name} links to "
+        f"{data}, outside {folder} (as the Hugging Face Hub's cache stores files); linking the files side by side "
+        f"failed ({error}). Copy the folder without links (cp -rL, or huggingface_hub's "
+        f"snapshot_download(..., local_dir=...)) and load the copy."
+    )
 
 
 def make_stateful(model: Any, manifest: dict) -> dict[str, str]:
