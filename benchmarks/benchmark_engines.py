@@ -17,8 +17,9 @@ runs next in the same process, which once inflated an in-process ratio from abou
 - each round also measures the machine's weight-read bandwidth (a 2-thread sum over 1 GiB), and each decode figure
   is shown as a fraction of its bound: batch x bandwidth / bytes of weights read per token.
 
-Workloads: a chat prompt (the tokenizer's chat template around a fixed question, batch 1 and `--batches`, the
-prompt repeated), `--new-tokens` greedy tokens (end-of-sequence cannot stop them early); time to first token for a
+Workloads: a chat prompt (the tokenizer's chat template around a fixed question, batch 1 and `--batches`; each row's
+first token one no earlier row began with, so that no engine's prefix cache holds the prompt: worker.unseen_rows),
+`--new-tokens` greedy tokens (end-of-sequence cannot stop them early); time to first token for a
 `--prefill-tokens`-token prompt (batch 1). Quality: how many of the 64 greedy tokens each system produces before it
 first differs from transformers' fp32 tokens, and the start of its text.
 
@@ -432,7 +433,8 @@ def report(results: dict, builds: dict, bandwidths: list[float], fp32_bytes: int
         )
     else:
         workload = (
-            f"prompt: the chat template around a fixed question ({args.prompt_length} tokens), {args.new_tokens} "
+            f"prompt: the chat template around a fixed question ({args.prompt_length} tokens; each row's first token "
+            f"one no earlier row began with, so that no engine's prefix cache holds it), {args.new_tokens} "
             f"greedy tokens; time to first token for a {args.prefill_tokens}-token prompt"
         )
         bound_rule = (
