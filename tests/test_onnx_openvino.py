@@ -15,9 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_decoder_config
 from serving_cases import free_port, offline_answer, server_answers, tiny_chat_tokenizer, wait_for
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from vaswani import VaswaniForCausalLM
 from vaswani.cli import main as vaswani_cli
 from vaswani.conversion.checkpoints import from_transformers
 from vaswani.conversion.onnx.contract import positions_from_mask
@@ -387,3 +389,18 @@ def test_engine_openvino_reads_a_folder_laid_out_as_the_hub_cache(exports, tmp_p
         f"blob{index}" for index in range(len(list(snapshot.iterdir())))
     )
     assert torch.equal(tokens, OrtModelForCausalLM.from_pretrained(exports["portable"]).generate(ids, **options))
+
+
+def test_stateful_openvino_runs_a_decoder_without_position_ids(tmp_path):
+    """An ALiBi decoder's graph takes no `position_ids`: the stateful loop fed them anyway and OpenVINO refused the
+    step. Greedy tokens of a left-padded batch now equal ONNX Runtime's (f32)."""
+    torch.manual_seed(0)
+    source = tmp_path / "alibi"
+    VaswaniForCausalLM(tiny_decoder_config(position_embedding_type="alibi")).eval().save_pretrained(source)
+    folder = export_onnx(source, tmp_path / "alibi-onnx", task="text-generation", validate=False).folder
+    ids, mask = left_padded([6, 3], 6, 60)
+    options = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    model = OrtModelForCausalLM.from_pretrained(folder, engine="openvino", openvino_precision="f32")
+    assert "position_ids" not in model.graphs["model"].inputs
+    tokens = model.generate(ids, **options)
+    assert torch.equal(tokens, OrtModelForCausalLM.from_pretrained(folder).generate(ids, **options))

@@ -249,10 +249,11 @@ class OpenVinoDecoder(_SessionDescription):
         feeds = {
             "input_ids": np.ascontiguousarray(input_ids, dtype=np.int64),
             "attention_mask": np.ascontiguousarray(mask, dtype=np.int64),
-            "position_ids": np.ascontiguousarray(positions, dtype=np.int64),
             "logits_positions": np.array([input_ids.shape[1] - 1], dtype=np.int64),
             "beam_idx": np.arange(input_ids.shape[0], dtype=np.int32),  # every row kept, in order
         }
+        if "position_ids" in self.input_names:  # graphs whose positions do not use them (ALiBi) have none
+            feeds["position_ids"] = np.ascontiguousarray(positions, dtype=np.int64)
         request.infer(feeds, share_inputs=True)
         return request.get_tensor(self.logits_port).data[:, -1].copy()
 
