@@ -281,14 +281,18 @@ def held_cache_sample(
     whole call: a GroupQueryAttention-form graph (one preallocated buffer per cache tensor) or OpenVINO's stateful
     graph (`openvino_engine.OpenVinoDecoder`). The same processors, stopping criteria and random draws, and per step
     only the token and the run; on the GroupQueryAttention form, plain greedy search (no processor, the standard
-    criteria) runs that on numpy views of the bound buffers (`_greedy_numpy`). Returns None when the prompt is not left-padded (its last
-    column is padding) or `position_ids` are not the mask's: the caller then runs it through `forward`."""
+    criteria) runs that on numpy views of the bound buffers (`_greedy_numpy`). Returns None when the prompt is not
+    left-padded (its last column is padding) or `position_ids` are not the mask's: the caller then runs it through
+    `forward`."""
     batch, length = input_ids.shape
     if not positions_follow_mask(position_ids, attention_mask, input_ids.shape):
         return None  # other positions than the mask's: `forward` says why it cannot run them
     capacity = max(generation_config.max_length, length + 1)
     try:
-        next_logits, state = decoder.start(input_ids, attention_mask, min(capacity, decoder.max_positions))
+        limit = decoder.max_positions  # None where the config names no context length (OpenVinoDecoder)
+        next_logits, state = decoder.start(
+            input_ids, attention_mask, capacity if limit is None else min(capacity, limit)
+        )
     except NotLeftPaddedError:
         return None
     # The sequences so far, in one preallocated tensor: each step writes a column and the processors and criteria
