@@ -28,6 +28,24 @@ if TYPE_CHECKING:
     from .openvino_engine import OpenVinoDecoder
 
 
+def refuse_step_past(length: int, max_positions: int | None) -> None:
+    """A ValueError for a decode step at `length` tokens past the rotary table's `max_positions` (None: no limit)."""
+    if max_positions is not None and length >= max_positions:
+        raise ValueError(
+            f"Generation reached the {max_positions} positions of this export's rotary table "
+            f"(max_position_embeddings); ask for fewer tokens."
+        )
+
+
+def refuse_capacity_past(capacity: int | None, max_positions: int | None) -> None:
+    """A ValueError for a generation of `capacity` tokens (prompt + new) past the rotary table's `max_positions`."""
+    if None not in (capacity, max_positions) and capacity > max_positions:
+        raise ValueError(
+            f"{capacity} tokens (prompt + new) exceed the {max_positions} positions of this export's rotary "
+            f"table (max_position_embeddings); generate fewer tokens."
+        )
+
+
 def is_gqa_form(manifest: dict) -> bool:
     """Whether an export's decoder graph is the GroupQueryAttention form."""
     return manifest.get("attention_form") == FORM_GQA
@@ -74,18 +92,10 @@ class GqaDecoder:
 
     def check_capacity(self, length: int) -> None:
         """Refuse a step past the rotary table's positions (the kernel would read past its end)."""
-        if length >= self.max_positions:
-            raise ValueError(
-                f"Generation reached the {self.max_positions} positions of this export's rotary table "
-                f"(max_position_embeddings); ask for fewer tokens."
-            )
+        refuse_step_past(length, self.max_positions)
 
     def new_buffers(self, batch: int, capacity: int) -> list[torch.Tensor]:
-        if capacity > self.max_positions:
-            raise ValueError(
-                f"{capacity} tokens (prompt + new) exceed the {self.max_positions} positions of this export's rotary "
-                f"table (max_position_embeddings); generate fewer tokens."
-            )
+        refuse_capacity_past(capacity, self.max_positions)
         return [torch.zeros(batch, self.kv_heads, capacity, self.head_dim) for _ in self.past_names]
 
     def run(

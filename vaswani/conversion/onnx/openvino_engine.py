@@ -233,11 +233,9 @@ class OpenVinoDecoder(_SessionDescription):
 
     def check_capacity(self, length: int) -> None:
         """Refuse a step past the rotary table's positions."""
-        if self.max_positions is not None and length >= self.max_positions:
-            raise ValueError(
-                f"Generation reached the {self.max_positions} positions of this export's rotary table "
-                f"(max_position_embeddings); ask for fewer tokens."
-            )
+        from .gqa_runtime import refuse_step_past
+
+        refuse_step_past(length, self.max_positions)
 
     def new_request(self) -> Any:
         """An infer request whose cache starts empty (for the batch of its first run)."""
@@ -290,13 +288,9 @@ class OpenVinoDecoder(_SessionDescription):
         """Prefill a left-padded prompt in a new request: each row's last token's logits (batch, vocab) and the decode
         steps' state. Raises `NotLeftPaddedError` where the last column holds padding."""
         from .contract import positions_from_mask
-        from .gqa_runtime import NotLeftPaddedError
+        from .gqa_runtime import NotLeftPaddedError, refuse_capacity_past
 
-        if None not in (capacity, self.max_positions) and capacity > self.max_positions:
-            raise ValueError(
-                f"{capacity} tokens (prompt + new) exceed the {self.max_positions} positions of this export's rotary "
-                f"table (max_position_embeddings); generate fewer tokens."
-            )
+        refuse_capacity_past(capacity, self.max_positions)
         mask = torch.ones_like(input_ids) if attention_mask is None else torch.as_tensor(attention_mask)
         if not bool(mask[:, -1].all()):
             raise NotLeftPaddedError
