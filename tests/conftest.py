@@ -93,6 +93,12 @@ def build_causal_lm(
     return VaswaniForCausalLM._from_config(copy.deepcopy(config), attn_implementation=attn_implementation).eval()
 
 
+# torch's CPU flex_attention kernel is compiled per CPU, and its numerics differ between instruction sets: on AVX2-only
+# CPUs (no AVX-512) torch 2.13 returns wrong values, even NaN, for heads 16 wide or narrower at some lengths (8 and 24
+# went wrong, 10 did not), in transformers' own models exactly as in ours. Flex cases therefore use 32-wide heads.
+FLEX_SHAPE = dict(hidden_size=64, num_attention_heads=2, intermediate_size=128)
+
+
 def with_attention_backend(model: Model, attn_implementation: str) -> Model:
     """A twin of `model` (same config and weights) that runs `attn_implementation`."""
     twin = type(model)._from_config(copy.deepcopy(model.config), attn_implementation=attn_implementation)

@@ -8,6 +8,7 @@ flex_attention compiles its kernel on first use (seconds on a CPU), so its cases
 import pytest
 import torch
 from conftest import (
+    FLEX_SHAPE,
     POSITION_TYPES,
     TOLERANCE,
     build_causal_lm,
@@ -24,9 +25,10 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 LENGTH = 10
 
 
-def gqa_model(position_embedding_type: str, attn_implementation: str = "eager"):
+def gqa_model(position_embedding_type: str, attn_implementation: str = "eager", **shape):
     # Grouped-query attention exercises both repeat_kv (eager) and the backends' native GQA paths.
-    config = tiny_decoder_config(position_embedding_type=position_embedding_type, num_key_value_heads=2)
+    shape.setdefault("num_key_value_heads", shape.get("num_attention_heads", 4) // 2)
+    config = tiny_decoder_config(position_embedding_type=position_embedding_type, **shape)
     return build_causal_lm(config, attn_implementation)
 
 
@@ -53,7 +55,7 @@ def test_sdpa_matches_eager(position_embedding_type, side):
 
 @pytest.mark.parametrize("position_embedding_type", POSITION_TYPES)
 def test_flex_attention_matches_eager(position_embedding_type, fresh_dynamo):
-    eager = gqa_model(position_embedding_type)
+    eager = gqa_model(position_embedding_type, **FLEX_SHAPE)
     flex = with_attention_backend(eager, "flex_attention")
     # One batch covers both paddings (one flex compile instead of two): a full, a left- and a right-padded row.
     input_ids = random_ids(3, LENGTH)
@@ -96,7 +98,7 @@ def test_eager_attention_probabilities_are_causal_distributions_over_real_keys(s
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa", "flex_attention"])
 def test_fully_masked_query_rows_give_no_nan(attn_implementation, fresh_dynamo):
     # Under left padding the first pad position may attend to nothing: a causal mask over pad keys only.
-    model = gqa_model("alibi", attn_implementation)
+    model = gqa_model("alibi", attn_implementation, **FLEX_SHAPE)
     input_ids, mask = random_ids(2, LENGTH), padding_mask([LENGTH, 4], LENGTH, "left")
     with torch.no_grad():
         logits = model(input_ids, attention_mask=mask).logits

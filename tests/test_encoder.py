@@ -9,6 +9,7 @@ full, a left-padded and a right-padded row in one batch.
 import pytest
 import torch
 from conftest import (
+    FLEX_SHAPE,
     POSITION_TYPES,
     TINY_ENCODER,
     TOLERANCE,
@@ -222,11 +223,8 @@ def test_sdpa_matches_eager(position_embedding_type, side):
     assert max_diff_where(mask, actual, expected) <= TOLERANCE
 
 
-# torch's CPU flex_attention kernel is compiled per CPU, and its numerics differ between instruction sets: on AVX2-only
-# CPUs (no AVX-512) torch 2.13 returns wrong values, even NaN, for heads narrower than about 24 at short lengths,
-# in transformers' own BERT exactly as in ours. The flex cases therefore use 32-wide heads (2 query heads sharing one
-# key/value head), and judge ours against transformers' BertForMaskedLM run the same way on the same machine.
-FLEX_SHAPE = dict(hidden_size=64, num_attention_heads=2, intermediate_size=128)
+# The flex cases use conftest's FLEX_SHAPE (32-wide heads, here 2 query heads sharing one key/value head) and judge
+# ours against transformers' BertForMaskedLM run the same way on the same machine.
 
 
 def flex_batch() -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,6 +11,7 @@ must change the logits on every backend that accepts it, and a backend that cann
 import pytest
 import torch
 from conftest import (
+    FLEX_SHAPE,
     POSITION_TYPES,
     TOLERANCE,
     build_model,
@@ -40,12 +41,12 @@ BIAS_TYPES = [kind for kind in POSITION_TYPES if kind not in BIAS_FREE_POSITION_
 INSTALLED_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
-def family_model(family: str, position_embedding_type: str, backend: str):
+def family_model(family: str, position_embedding_type: str, backend: str, **shape):
     if family == "decoder":
         return build_model(
-            VaswaniForCausalLM, tiny_decoder_config(position_embedding_type=position_embedding_type), backend
+            VaswaniForCausalLM, tiny_decoder_config(position_embedding_type=position_embedding_type, **shape), backend
         )
-    config = tiny_seq2seq_config(position_embedding_type=position_embedding_type)
+    config = tiny_seq2seq_config(position_embedding_type=position_embedding_type, **shape)
     return build_model(VaswaniForConditionalGeneration, config, backend)
 
 
@@ -118,7 +119,7 @@ def test_the_position_bias_reaches_the_scores_on_every_backend_that_takes_it(
     """The reproduction: under transformers <= 5.13 an ALiBi model on sdpa gave the same logits with its slopes
     zeroed (difference 0.0). Now every backend either changes the logits with the bias, matching eager, or is
     refused."""
-    eager = family_model("decoder", position_embedding_type, "eager")
+    eager = family_model("decoder", position_embedding_type, "eager", **FLEX_SHAPE)
     if position_embedding_type == "relative_bias":  # its table starts near zero: make the bias matter
         for module in eager.modules():
             if hasattr(module, "relative_attention_bias"):
