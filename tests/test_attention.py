@@ -22,6 +22,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from vaswani.modeling import layers, pretrained
+
 LENGTH = 10
 
 
@@ -152,3 +154,24 @@ def test_flash_attention_refuses_score_bias_positions(position_embedding_type):
     model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match=r"position_embedding_type='(alibi|relative_bias)'.*'sdpa'"):
         model(random_ids(1, 4))
+
+
+@pytest.mark.parametrize("capability", ["AVX2", "AVX512"])
+@pytest.mark.parametrize("shape", [{}, FLEX_SHAPE], ids=["8-wide heads", "32-wide heads"])
+def test_a_forward_warns_where_torchs_cpu_flex_kernel_computes_wrong_attention(capability, shape, monkeypatch):
+    """torch 2.13's CPU flex kernel on AVX2-only CPUs is wrong for narrow heads (conftest's FLEX_SHAPE says where); a
+    forward there says so instead of returning its numbers silently."""
+    warned, checked = [], []
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(layers.logger, "warning_once", warned.append)
+    model = gqa_model("rope", **shape)
+    model.config._attn_implementation = "flex_attention"
+    layers.warn_if_cpu_flex_attention_is_unreliable(model.config, torch.device("cpu"))
+    expected = capability == "AVX2" and model.config.head_dim < 32
+    assert len(warned) == expected and all("head_dim=8" in message and "sdpa" in message for message in warned)
+    # Every forward checks (here on eager, which needs no compile), with the inputs' device.
+    monkeypatch.setattr(pretrained, "warn_if_cpu_flex_attention_is_unreliable", lambda *args: checked.append(args))
+    model.config._attn_implementation = "eager"
+    with torch.no_grad():
+        model(random_ids(1, 4))
+    assert checked and all(config is model.config and device.type == "cpu" for config, device in checked)

@@ -22,9 +22,12 @@ from transformers.generation.continuous_batching.cache import PagedAttentionCach
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import logging
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .configuration import VaswaniConfig
+
+logger = logging.get_logger(__name__)
 
 # ----------------------------------------------------------------------------------------------------- norms
 
@@ -405,6 +408,28 @@ def check_backend_supports_positions(config: VaswaniConfig) -> None:
             f"parameter), so it would produce wrong outputs. Use attn_implementation={capable}, which do with the "
             f"installed transformers. Every backend, flash attention and vLLM included, serves "
             f"position_embedding_type in {BIAS_FREE_POSITION_TYPES}."
+        )
+
+
+# torch 2.13's CPU flex_attention kernel returns wrong values, even NaN, for heads this wide or narrower on CPUs whose
+# widest vectors are AVX2 (an AMD EPYC without AVX-512: lengths 8 and 24 went wrong, plain causal attention included);
+# transformers' own models get the same. AVX-512 machines computed them right.
+NARROWEST_RELIABLE_CPU_FLEX_HEAD = 32
+
+
+def warn_if_cpu_flex_attention_is_unreliable(config: VaswaniConfig, device: torch.device) -> None:
+    """Warn (once) where torch's CPU flex_attention kernel is known to compute wrong attention for this head width."""
+    if (
+        config._attn_implementation == "flex_attention"
+        and not is_torchdynamo_compiling()
+        and device.type == "cpu"
+        and config.head_dim < NARROWEST_RELIABLE_CPU_FLEX_HEAD
+        and torch.backends.cpu.get_cpu_capability() == "AVX2"
+    ):
+        logger.warning_once(
+            f"attn_implementation='flex_attention' on this AVX2 CPU with head_dim={config.head_dim}: torch's CPU "
+            f"flex kernel (torch {torch.__version__}) has computed wrong attention, even NaN, for heads narrower than "
+            f"{NARROWEST_RELIABLE_CPU_FLEX_HEAD} on such CPUs. Use attn_implementation='sdpa' or 'eager' here."
         )
 
 

@@ -38,6 +38,7 @@ from .layers import (
     build_norm,
     build_positions,
     check_backend_supports_positions,
+    warn_if_cpu_flex_attention_is_unreliable,
 )
 
 # transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache` (`generate` passes
@@ -364,6 +365,7 @@ def check_inputs(
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
     check_backend_supports_positions(config)
+    warn_if_cpu_flex_attention_is_unreliable(config, (input_ids if input_ids is not None else inputs_embeds).device)
     if isinstance(cache, PagedAttentionCache):
         check_continuous_batching_positions(config)
         return  # continuous batching packs its requests into one row; its mask is not a padding mask
