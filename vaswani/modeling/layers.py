@@ -411,7 +411,7 @@ def check_backend_supports_positions(config: VaswaniConfig) -> None:
         )
 
 
-# torch 2.13's CPU flex_attention kernel returns wrong values, even NaN, for heads this wide or narrower on CPUs whose
+# torch 2.13's CPU flex_attention kernel returns wrong values, even NaN, for heads narrower than this on CPUs whose
 # widest vectors are AVX2 (an AMD EPYC without AVX-512: lengths 8 and 24 went wrong, plain causal attention included);
 # transformers' own models get the same. AVX-512 machines computed them right.
 NARROWEST_RELIABLE_CPU_FLEX_HEAD = 32
