@@ -8,6 +8,8 @@ runs them on the newest release and on the declared floor): a cached step must e
 must change the logits on every backend that accepts it, and a backend that cannot take it must be refused.
 """
 
+import warnings
+
 import pytest
 import torch
 from conftest import (
@@ -23,10 +25,14 @@ from conftest import (
 from transformers import (
     AttentionInterface,
     AttentionMaskInterface,
+    BartConfig,
+    BartForConditionalGeneration,
     ContinuousBatchingConfig,
     DynamicCache,
     EncoderDecoderCache,
     GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
 )
 from transformers.masking_utils import eager_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -82,15 +88,54 @@ def test_cached_steps_equal_uncached_logits(family, position_embedding_type, bac
     assert cache.get_seq_length() == tokens.shape[1] - 1
 
 
+def old_cache_name_warnings(model, **inputs) -> list[str]:
+    """The FutureWarnings a forward gives when the cache comes as `past_key_values`, with the class name taken out."""
+    make_cache = inputs.pop("make_cache", DynamicCache)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        model(**inputs, past_key_values=make_cache(), use_cache=True)
+    name = type(model).__name__
+    return [str(w.message).replace(name, "<model>") for w in caught if issubclass(w.category, FutureWarning)]
+
+
+@pytest.mark.parametrize("family", ["decoder", "seq2seq"])
+def test_the_old_cache_name_warns_as_transformers_own_models_do(family):
+    """transformers' own Llama and BART are the oracle: from 5.24 on they rename `past_key_values` to `cache` with a
+    FutureWarning (`deprecate_kwarg`), before 5.24 it is the name `generate` passes and nothing is said. Ours say
+    the same thing on whichever release is installed (transformers' common test `test_bc_cache_name_forward`)."""
+    ids = random_ids(1, 4)
+    if family == "decoder":
+        ours = family_model("decoder", "rope", "sdpa")
+        reference = LlamaForCausalLM(
+            LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=2)
+        ).eval()
+        inputs = dict(input_ids=ids)
+    else:
+        ours = build_model(VaswaniForConditionalGeneration, tiny_seq2seq_config(), "sdpa")
+        reference = BartForConditionalGeneration(
+            BartConfig(vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                       decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32)
+        ).eval()
+        inputs = dict(input_ids=ids, decoder_input_ids=ids[:, :2], make_cache=lambda: EncoderDecoderCache(
+            DynamicCache(), DynamicCache()))
+    expected = old_cache_name_warnings(reference, **inputs)
+    if INSTALLED_CACHE_FIELD == "cache":
+        assert expected, "transformers' own model no longer warns on `past_key_values`: what replaced the warning?"
+    assert old_cache_name_warnings(ours, **inputs) == expected
+
+
 def test_the_cache_is_accepted_under_its_old_name_and_refused_twice():
     model = family_model("decoder", "rope", "sdpa")
     ids = random_ids(1, 4)
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
         new_name = model(ids, cache=DynamicCache(), use_cache=True)
         old_name = model(ids, past_key_values=DynamicCache(), use_cache=True)
         assert torch.equal(new_name.logits, old_name.logits)
         assert cache_of(old_name).get_seq_length() == 4
-        with pytest.raises(ValueError, match="Pass the cache once"):
+        # Both names at once is refused: transformers' own words from 5.24 on ("Both ... are set"), ours before.
+        with pytest.raises(ValueError, match="Both `past_key_values` and `cache` are set|Pass the cache once"):
             model(ids, cache=DynamicCache(), past_key_values=DynamicCache())
 
 

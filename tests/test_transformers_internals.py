@@ -2,16 +2,28 @@
 of it: when a release moves one, this fails with the name and what to look for, instead of a model going wrong."""
 
 import inspect
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import build_model, random_ids, tiny_decoder_config, tiny_seq2seq_config
 from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from packaging.version import Version
 from transformers.generation import utils as generation_utils
 
 from vaswani import VaswaniForCausalLM, VaswaniForConditionalGeneration
 from vaswani.conversion.onnx.generation import OrtModelForGeneration
 from vaswani.modeling.layers import AlibiPositionBias, SinusoidalPositionEmbedding, alibi_slopes
+
+FLOOR_CONSTRAINTS = Path(__file__).resolve().parents[1] / ".ci" / "floor-constraints.txt"
+
+
+def declared_floor(package: str) -> str:
+    """The lowest release of `package` CI tests (`.ci/floor-constraints.txt`, pyproject's lower bounds)."""
+    for line in FLOOR_CONSTRAINTS.read_text().splitlines():
+        if line.startswith(f"{package}=="):
+            return line.split("==", 1)[1].strip()
+    raise LookupError(f"{package} has no floor in {FLOOR_CONSTRAINTS}")
 
 
 @pytest.mark.parametrize("position_embedding_type", ["sinusoidal", "alibi"])
@@ -50,8 +62,15 @@ def test_the_model_definition_attributes_transformers_reads_are_still_read():
     assert VaswaniForCausalLM._auto_class == "AutoModelForCausalLM"
 
 
-def test_generation_mixin_reads_is_stateful_from_the_models_it_runs():
-    """`_is_stateful`: the ONNX Runtime models are not PreTrainedModels and declare what GenerationMixin asks."""
-    assert issubclass(OrtModelForGeneration, GenerationMixin) and OrtModelForGeneration._is_stateful is False
-    source = inspect.getsource(generation_utils)
-    assert "_is_stateful" in source, "GenerationMixin no longer reads _is_stateful: drop it from OrtModelForGeneration"
+def test_the_onnx_runtime_models_declare_is_stateful_where_generation_mixin_reads_it():
+    """`_is_stateful`: GenerationMixin read it before 5.25 (to refuse assisted generation for recurrent models);
+    5.25 asks the cache instead. The ONNX Runtime models are not PreTrainedModels, so while the floor reads it they
+    declare it; once no supported release reads it, this fails to say the attribute can go."""
+    assert issubclass(OrtModelForGeneration, GenerationMixin)
+    reads_it = "_is_stateful" in inspect.getsource(generation_utils)
+    if reads_it:
+        assert OrtModelForGeneration._is_stateful is False
+    floor = Version(declared_floor("transformers"))
+    assert reads_it or floor < Version("5.25"), (
+        "GenerationMixin no longer reads _is_stateful and the floor is past 5.24: drop it from OrtModelForGeneration"
+    )

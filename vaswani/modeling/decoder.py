@@ -30,6 +30,7 @@ from .pretrained import (
     check_positions,
     default_position_ids,
     merge_cache_arguments,
+    takes_the_cache_under_its_old_name,
     slice_logits_to_keep,
 )
 
@@ -44,6 +45,7 @@ class VaswaniDecoderModel(VaswaniStack):
         super().__init__(config, is_causal=True, has_cross_attention=config.is_encoder_decoder)
         self.post_init()
 
+    @takes_the_cache_under_its_old_name
     @merge_with_config_defaults
     @capture_outputs
     def forward(
@@ -124,6 +126,7 @@ class VaswaniForCausalLM(VaswaniPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
+    @takes_the_cache_under_its_old_name
     @can_return_tuple
     def forward(
         self,

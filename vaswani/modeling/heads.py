@@ -24,6 +24,7 @@ from .pretrained import (
     cache_of,
     check_classification_labels,
     merge_cache_arguments,
+    takes_the_cache_under_its_old_name,
     pool_hidden_states,
 )
 
@@ -59,6 +60,7 @@ class VaswaniForSequenceClassification(VaswaniPreTrainedModel):
         self.score = nn.Linear(config.hidden_size, config.num_labels, bias=self.is_encoder)
         self.post_init()
 
+    @takes_the_cache_under_its_old_name
     @can_return_tuple
     def forward(
         self,

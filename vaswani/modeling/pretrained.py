@@ -2,6 +2,7 @@
 `VaswaniStack`, the embeddings + blocks + final norm that the encoder and decoder stacks both are."""
 
 import math
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from transformers.cache_utils import Cache
 from transformers.generation.continuous_batching.cache import PagedAttentionCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import ModelOutput
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.import_utils import is_torchdynamo_compiling
 from transformers.utils.output_capturing import OutputRecorder
 
@@ -46,6 +48,21 @@ from .layers import (
 # transformers has, so they generate with their cache on both sides of the rename. This module travels with saved
 # models as remote code, so a folder saved under one release loads under another.
 CACHE_FIELD = "cache" if "cache" in {field.name for field in fields(CausalLMOutputWithPast)} else "past_key_values"
+
+
+def takes_the_cache_under_its_old_name(forward: Callable) -> Callable:
+    """Decorate a model's `forward` that takes the cache as `cache` and `past_key_values` the way transformers' own
+    models do on the installed release: from 5.24 on, `past_key_values` is renamed to `cache` with the same
+    FutureWarning (transformers' `deprecate_kwarg`, removal announced for 5.40), and passing both is a ValueError;
+    before 5.24 `past_key_values` is the name `generate` passes, so it is taken silently (`merge_cache_arguments`).
+
+    Example:
+        >>> @takes_the_cache_under_its_old_name
+        ... def forward(self, input_ids, cache=None, past_key_values=None, **kwargs): ...
+    """
+    if CACHE_FIELD == "past_key_values":
+        return forward
+    return deprecate_kwarg("past_key_values", "5.40.0", new_name="cache", raise_if_both_names=True)(forward)
 
 
 def merge_cache_arguments(cache: Cache | None, past_key_values: Cache | None) -> Cache | None:

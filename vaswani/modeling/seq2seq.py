@@ -29,6 +29,7 @@ from .pretrained import (
     cache_of,
     check_labels,
     merge_cache_arguments,
+    takes_the_cache_under_its_old_name,
     slice_logits_to_keep,
 )
 
@@ -84,6 +85,7 @@ class VaswaniSeq2SeqModel(VaswaniPreTrainedModel):
     def get_decoder(self) -> VaswaniDecoderModel:
         return self.decoder
 
+    @takes_the_cache_under_its_old_name
     @can_return_tuple
     def forward(
         self,
@@ -195,6 +197,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             )
         return start
 
+    @takes_the_cache_under_its_old_name
     @can_return_tuple
     def forward(
         self,

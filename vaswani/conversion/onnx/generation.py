@@ -26,7 +26,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderD
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast, Seq2SeqLMOutput
 
 from ...modeling import cache_keyword, cache_of
-from ...modeling.pretrained import merge_cache_arguments
+from ...modeling.pretrained import merge_cache_arguments, takes_the_cache_under_its_old_name
 from .contract import positions_from_mask
 from .gqa_runtime import GqaDecoder, held_cache_sample, is_gqa_form
 from .lean_steps import Step, lean_loop_fits, sample_tokens
@@ -86,8 +86,9 @@ class OrtModelForGeneration(OrtModel, GenerationMixin):
 
     decoding_graph: ClassVar[str]
     fast_generation: bool = True
-    # What GenerationMixin reads from a PreTrainedModel: no recurrent state (assisted generation may roll back),
-    # and the name under which an encoder-decoder would keep its base model (there is none here).
+    # What GenerationMixin reads from a PreTrainedModel: no recurrent state (transformers before 5.25 read
+    # `_is_stateful` to refuse assisted generation; 5.25 asks the cache instead), and the name under which an
+    # encoder-decoder would keep its base model (there is none here). Drop `_is_stateful` once the floor is 5.25.
     _is_stateful = False
     base_model_prefix = "model"
 
@@ -282,6 +283,7 @@ class OrtModelForCausalLM(OrtModelForGeneration):
                 )
             self.gqa = GqaDecoder(self.graphs["model"].session, self.manifest, self.config.max_position_embeddings)
 
+    @takes_the_cache_under_its_old_name
     def forward(
         self,
         input_ids: torch.Tensor | np.ndarray,
@@ -485,6 +487,7 @@ class OrtModelForSeq2SeqLM(OrtModelForGeneration):
     def get_encoder(self) -> OrtEncoder:
         return self.encoder
 
+    @takes_the_cache_under_its_old_name
     def forward(
         self,
         input_ids: Any = None,
