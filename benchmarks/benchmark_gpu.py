@@ -16,7 +16,8 @@ Systems (fp16 weights, greedy, `vaswani bench --batch-sizes 1 8`):
   outputs and the KV cache bound to device memory (IO binding);
 - `transformers-static`: `LlamaForCausalLM` generating with a static cache, which `generate` compiles on CUDA;
 - `transformers-dynamic`: the same model with the default dynamic cache (no compilation).
-The bound is the measured device-to-device copy bandwidth over the bytes of weights a decode step reads.
+The bound is the device memory bandwidth `vaswani bench` measures (`memory_bandwidth`) over the bytes of weights a
+decode step reads, each row's from the same round as its decode rate.
 """
 
 import argparse
@@ -205,23 +206,28 @@ def measure(
 
 
 def summarize(runs: dict) -> list[dict]:
-    """One row per system and batch size: the best round's decode rate and its time to first token (the machine is
-    a lent one, so the best round is the least disturbed)."""
+    """One row per system and batch size: the best round's decode rate, its time to first token, and the bound that
+    same round measured, of which its fraction is (the machine is a lent one, so the best round is the least
+    disturbed; each round probes the bandwidth again)."""
     rows = []
     for name, results in runs.items():
         if not results:
             continue
         for index, first in enumerate(results[0]["rows"]):
-            best = max((result["rows"][index] for result in results), key=lambda row: row["decode_tokens_per_s"])
+            best = max(results, key=lambda result: result["rows"][index]["decode_tokens_per_s"])
+            row = best["rows"][index]
             rows.append(
                 {
                     "system": name,
                     "batch_size": first["batch_size"],
-                    "time_to_first_token_ms": best["time_to_first_token_s"] * 1e3,
-                    "decode_tokens_per_s": best["decode_tokens_per_s"],
-                    "bound_fraction": best["bound_fraction"],
-                    "weight_bytes": results[0]["weight_bytes"],
-                    "bound_tokens_per_s": results[0]["bound_tokens_per_s"],
+                    "time_to_first_token_ms": row["time_to_first_token_s"] * 1e3,
+                    "decode_tokens_per_s": row["decode_tokens_per_s"],
+                    "bound_fraction": row["bound_fraction"],
+                    "weight_bytes": best["weight_bytes"],
+                    "bound_tokens_per_s": best["bound_tokens_per_s"],
+                    # Threads that read the bandwidth probe (None: a GPU's, or a run from before it was recorded).
+                    "bandwidth_threads": best.get("bandwidth_threads"),
+                    "decode_threads": best["machine"].get("threads"),
                     "rounds": [result["rows"][index]["decode_tokens_per_s"] for result in results],
                 }
             )
@@ -278,7 +284,8 @@ def render(report: dict) -> str:
         lines += [
             f"Decode speed, fp16, greedy, {settings['prompt_tokens']}-token prompts, {settings['new_tokens']} new tokens; "
             f"best of {settings['rounds']} rounds (each system in a process of its own, alternating; per-round "
-            "figures in the JSON). The bound is the copy bandwidth over the weight bytes a step reads.",
+            "figures in the JSON). The bound is the memory bandwidth `vaswani bench` measured in the same round as the "
+            "row's decode rate, over the weight bytes a step reads.",
             "",
             "**Decode**",
             "",

@@ -3,13 +3,19 @@ independent count of the saved tensors, and clear errors for settings that time 
 the machine is shared."""
 
 import json
+import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from safetensors import safe_open
 
+from vaswani.benchmarking import BenchResult, BenchRow
 from vaswani.cli import main as vaswani_cli
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 onnx = pytest.importorskip("onnx")
 
@@ -74,6 +80,66 @@ def test_bench_writes_rows_for_every_batch_size(
     assert "| 3 | 8 | 4 |" in table and result["machine"]["cpu"] in table
 
 
+PROBE_ELEMENTS = 1024 * 2**20 // 4  # the bandwidth probe's buffer: `vaswani bench` sums 1 GiB of float32
+
+
+@pytest.mark.parametrize("form, engine", [("pytorch", None), ("onnx", "onnxruntime"), ("onnx", "openvino")])
+def test_the_bandwidth_probe_reads_on_the_threads_the_decode_computes_on(
+    folders, form: str, engine: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bound is bandwidth / weight bytes, so the bandwidth must be read on the threads the decode computes on:
+    read on fewer, it understates what the decode can reach (a 2-thread decode was published at 108% of a bound read
+    on one thread). For an ONNX folder the command gives torch one thread (`set_command_threads`) and the decode
+    runs on `--threads` (ONNX Runtime's intra-op threads, which the OpenVINO route is given too). Observed from
+    outside: torch's thread count while the probe's buffer is summed, against the `--threads` asked for."""
+    if engine == "openvino":
+        pytest.importorskip("openvino")
+    threads_while_probing = []
+    summed = torch.Tensor.sum
+
+    def watched_sum(tensor: torch.Tensor, *args, **kwargs):
+        if tensor.numel() == PROBE_ELEMENTS:
+            threads_while_probing.append(torch.get_num_threads())
+        return summed(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "sum", watched_sum)
+    output = tmp_path / "bench.json"
+    flags = ["--engine", engine] if engine else []
+    settings = ["--prompt-tokens", "4", "--new-tokens", "2", "--rounds", "1", "--batch-sizes", "1"]
+    assert vaswani_cli(["bench", str(folders[form]), *settings, *flags, "--threads", "2", "--json", str(output)]) == 0
+    result = json.loads(output.read_text())
+    assert threads_while_probing and set(threads_while_probing) == {2}
+    assert result["bandwidth_threads"] == result["machine"]["threads"] == 2
+    # The probe borrows torch's pool and gives it back: an ONNX folder's torch keeps its one thread.
+    assert torch.get_num_threads() == (1 if form == "onnx" else 2)
+
+
+def bench_round(bandwidth: float, decode_rates: dict[int, float], weights: int = 1000) -> dict:
+    """One `vaswani bench --json` result as the command writes it, with these figures."""
+    bound = bandwidth / weights
+    rows = [BenchRow(batch, 8, 4, batch * 4, 0.1, rate, rate / batch / bound) for batch, rate in decode_rates.items()]
+    machine = {"cpu": "test", "cores": 2, "threads": 2, "torch": "CPU (1 thread)"}
+    return {
+        **asdict(BenchResult("folder", "onnx", "cpu", machine, weights, bandwidth, bound, 1, rows)),
+        "bandwidth_threads": 2,
+    }
+
+
+def test_a_summary_row_takes_its_bound_from_the_round_it_takes_its_rate_from() -> None:
+    """`benchmark_gpu.summarize` (also the CPU reference benchmark's) keeps each row's best round; that round's
+    fraction must be of the bound printed beside it. Here the rounds' bandwidths differ and the best rate of batch 1
+    and of batch 8 come from different rounds."""
+    from benchmark_gpu import summarize
+
+    runs = {"build": [bench_round(20_000.0, {1: 5.0, 8: 30.0}), bench_round(10_000.0, {1: 6.0, 8: 24.0})]}
+    rows = {row["batch_size"]: row for row in summarize(runs)}
+    assert rows[1]["decode_tokens_per_s"] == 6.0 and rows[1]["bound_tokens_per_s"] == 10.0
+    assert rows[8]["decode_tokens_per_s"] == 30.0 and rows[8]["bound_tokens_per_s"] == 20.0
+    for batch, row in rows.items():
+        assert row["bound_fraction"] == pytest.approx(row["decode_tokens_per_s"] / batch / row["bound_tokens_per_s"])
+    assert all(row["bandwidth_threads"] == row["decode_threads"] == 2 for row in rows.values())
+
+
 def test_weight_bytes_of_a_quantized_graph_count_its_packed_initializers(folders, tmp_path: Path) -> None:
     """An int8 export's count is of what its graph stores (packed weights, scales, zero points), fewer bytes than
     fp32's (not a quarter: this tiny model's fp32 embedding table is a large part of it)."""
@@ -111,3 +177,22 @@ def test_context_overflow_and_non_generation_folders_are_refused(
     assert "context" in capsys.readouterr().err
     assert vaswani_cli(["bench", str(tmp_path)]) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+def test_the_reference_page_withdraws_fractions_of_a_bound_read_on_other_threads() -> None:
+    """A row of a run from before the probe recorded its threads (the probe then read on torch's one thread while
+    ONNX Runtime decoded on two) shows no bound and no fraction; a row probed on its decode's threads shows both."""
+    from benchmark_gpu import summarize
+    from benchmark_reference_cpu import render
+
+    old = bench_round(10_000.0, {1: 11.0})
+    del old["bandwidth_threads"]
+    runs = {"old-build": [old], "new-build": [bench_round(10_000.0, {1: 6.0})]}
+    report = {
+        "settings": {"rounds": 1, "bench_rounds": 1, "batch_sizes": [1], "prompt_tokens": 8, "new_tokens": 4},
+        "builds": {"old-build": "a build", "new-build": "a build"},
+        "rows": summarize(runs),
+    }
+    rows = {line.split(" | ")[0].strip("| "): line for line in render(report).splitlines() if "-build |" in line}
+    assert rows["old-build"].endswith("| withdrawn | withdrawn |") and "110.0%" not in rows["old-build"]
+    assert rows["new-build"].endswith("| 10.00 tokens/s | 60.0% |")

@@ -2,7 +2,8 @@
 this machine, against the bound that memory bandwidth sets.
 
 A decode step reads every weight once, so a batch-1 decode can reach at most bandwidth / weight bytes tokens/s; the
-bandwidth is measured here (a streaming read of a buffer much larger than the last-level cache) and the weight bytes
+bandwidth is measured here (a streaming read of a buffer much larger than the last-level cache, on as many threads as
+the decode computes on: one core alone reads less than two) and the weight bytes
 are the graph's initializers (quantized ones at their packed size) or the PyTorch model's parameters, less the
 embedding tables a step only looks rows up in. Each batch size
 decodes fixed prompts of seeded random token ids, never stopping early, so every row decodes the same count.
@@ -23,7 +24,8 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,7 +57,8 @@ class BenchRow:
 @dataclass
 class BenchResult:
     """A folder's benchmark: the machine, the weight bytes a decode step reads, the measured memory bandwidth, the
-    batch-1 bound (bandwidth / weight bytes, tokens/s) and one row per batch size."""
+    batch-1 bound (bandwidth / weight bytes, tokens/s) and one row per batch size. `bandwidth_threads` is how many
+    CPU threads read the bandwidth probe's buffer: the decode's own (`machine["threads"]`); None on a GPU."""
 
     folder: str
     form: str
@@ -67,6 +70,7 @@ class BenchResult:
     rounds: int
     rows: list[BenchRow] = field(default_factory=list)
     engine: str = "onnxruntime"  # what ran it: pytorch, onnxruntime, or the OpenVINO route (`--engine openvino`)
+    bandwidth_threads: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -75,13 +79,19 @@ class BenchResult:
     def engine_note(self) -> str:
         return "" if self.engine == "onnxruntime" or self.form != "onnx" else f", {self.engine}"
 
+    @property
+    def probe_note(self) -> str:
+        threads = self.bandwidth_threads
+        return "" if threads is None else f" (read on {threads} thread{'s' if threads > 1 else ''}, as the decode)"
+
     def table(self) -> str:
         """The result as a Markdown table, under a line naming the machine and the bound."""
         machine = self.machine
         lines = [
             f"{self.folder} ({self.form} on {self.device}{self.engine_note}); {machine['cpu']}, {machine['cores']} cores, "
             f"{machine['threads']} threads; {machine['torch']}",
-            f"weights {self.weight_bytes / 1e6:.1f} MB, memory bandwidth {self.bandwidth_bytes_per_s / 1e9:.1f} GB/s: "
+            f"weights {self.weight_bytes / 1e6:.1f} MB, memory bandwidth {self.bandwidth_bytes_per_s / 1e9:.1f} GB/s"
+            f"{self.probe_note}: "
             f"batch-1 decode bound {self.bound_tokens_per_s:.1f} tokens/s (median of {self.rounds} rounds)",
             "",
             "| batch | prompt tokens | new tokens | time to first token | decode tokens/s | of the bound |",
@@ -140,14 +150,49 @@ def weight_bytes(loaded: "LoadedFolder") -> int:
     return sum(p.numel() * p.element_size() for p in loaded.model.parameters() if id(p) not in tables)
 
 
+def decode_threads(loaded: "LoadedFolder") -> int:
+    """The CPU threads a decode step of `loaded` computes on: an ONNX export's intra-op threads (the OpenVINO route's
+    sessions are given the same count, `OrtModel.from_pretrained`), a PyTorch model's torch threads."""
+    import torch
+
+    if loaded.form != "onnx":
+        return torch.get_num_threads()
+    session = loaded.model.graphs[loaded.model.decoding_graph].session
+    session = getattr(session, "step_session", session)  # openvino_engine.RoutedSession: ONNX Runtime's half
+    # 0 asks ONNX Runtime for its own default, one thread per core.
+    return session.get_session_options().intra_op_num_threads or len(os.sched_getaffinity(0))
+
+
+@contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """torch's intra-op pool at `count` threads inside the block (None: as it is), as it was after it."""
+    import torch
+
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def memory_bandwidth(
-    device: str = "cpu", megabytes: int = 1024, rounds: int = 5, summary: Callable[[list[float]], float] = max
+    device: str = "cpu",
+    megabytes: int = 1024,
+    rounds: int = 5,
+    summary: Callable[[list[float]], float] = max,
+    threads: int | None = None,
 ) -> float:
     """Memory read bandwidth in bytes/s, from timing a sum over a `megabytes` float32 buffer, `summary` (default the
     best) of `rounds` passes after one untimed. The buffer must be much larger than the last-level cache. Reading,
     not copying, because a decode step reads its weights: a copy also writes (and on CPUs first reads the lines it
     writes), and measured 22 GB/s on a machine where a 1B fp32 export's decode read its weights at 30 GB/s and a
-    sum at 29 GB/s."""
+    sum at 29 GB/s.
+
+    On the CPU the sum runs on `threads` threads (default: torch's, as they are). A bound for a decode must be read
+    on the decode's own threads: one core alone streams less than two (on a 2-core EPYC, 27.4 GB/s on one thread,
+    29.4 GB/s on two later the same day), and a bound read on one thread put a 2-thread 1B fp32 decode above it."""
     import torch
 
     def synchronize() -> None:
@@ -155,14 +200,15 @@ def memory_bandwidth(
             torch.cuda.synchronize(device)
 
     buffer = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
-    buffer.sum()
-    synchronize()
     rates = []
-    for _ in range(rounds):
-        start = time.perf_counter()
+    with torch_threads(threads if torch.device(device).type == "cpu" else None):
         buffer.sum()
         synchronize()
-        rates.append(buffer.numel() * 4 / (time.perf_counter() - start))
+        for _ in range(rounds):
+            start = time.perf_counter()
+            buffer.sum()
+            synchronize()
+            rates.append(buffer.numel() * 4 / (time.perf_counter() - start))
     return summary(rates)
 
 
@@ -237,9 +283,8 @@ def bench_folder(
     """Benchmark a text-generation folder (a path, or a folder `vaswani.loading.load_folder` loaded): for each batch
     size, the time to the first token (`generate` of one token) and decode tokens/s (the other `new_tokens` - 1 tokens
     per prompt over the time they add), medians of `rounds` after a warm-up. `threads`: ONNX Runtime's intra-op
-    threads (a PyTorch model runs on torch's threads, which this function leaves as they are)."""
-    import torch
-
+    threads (a PyTorch model runs on torch's threads, which this function leaves as they are). The bandwidth probe
+    reads on the threads the decode computes on (`decode_threads`), whatever torch's own count."""
     from .loading import LoadedFolder, load_folder
 
     check_settings(batch_sizes, prompt_tokens, new_tokens, rounds)
@@ -256,9 +301,10 @@ def bench_folder(
     tokenizer = loaded.tokenizer
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     weights = weight_bytes(loaded)
-    bandwidth = memory_bandwidth(device, bandwidth_megabytes)
+    used_threads = decode_threads(loaded)
+    probe_threads = used_threads if device == "cpu" else None
+    bandwidth = memory_bandwidth(device, bandwidth_megabytes, threads=probe_threads)
     bound = bandwidth / weights
-    used_threads = threads or (len(os.sched_getaffinity(0)) if loaded.form == "onnx" else torch.get_num_threads())
     result = BenchResult(
         folder=str(loaded.folder),
         form=loaded.form,
@@ -268,6 +314,7 @@ def bench_folder(
         bandwidth_bytes_per_s=bandwidth,
         bound_tokens_per_s=bound,
         rounds=rounds,
+        bandwidth_threads=probe_threads,
     )
     provider = loaded.model.provider if loaded.form == "onnx" else ""
     if loaded.form != "onnx":

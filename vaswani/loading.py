@@ -123,7 +123,9 @@ def set_command_threads(form: str, threads: int | None) -> None:
     """A command's PyTorch thread pool, set once when it starts (library code never changes it; this process is the
     command's own). An ONNX model leaves torch only the sampling and logits processors, on small tensors, where a
     pool of several threads costs more than it gives (measured with SmolLM2's 49k vocabulary on 2 busy cores: 136 ms
-    against 9 ms a sampled token), so torch gets one thread and ONNX Runtime its own `threads`. A PyTorch model gets
+    against 9 ms a sampled token), so torch gets one thread and ONNX Runtime its own `threads` (what measures the
+    decode, such as `vaswani bench`'s bandwidth probe, reads ONNX Runtime's count: `benchmarking.decode_threads`,
+    not torch's one). A PyTorch model gets
     `threads` when given, else torch's default. An int4 export (`form` "int4-export") gets one torch thread too:
     its search and GPTQ are many small tensor ops, which intra-op threads spin-waiting on a busy machine made 30x
     slower (a 576 x 3072 weight: 37 s with 2 threads, 1.2 s with one)."""

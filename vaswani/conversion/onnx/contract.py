@@ -22,7 +22,7 @@ A change to any of this is a change of `FORMAT_VERSION`.
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import onnx
@@ -189,6 +189,24 @@ def graph_io(path: Path) -> dict:
         "inputs": [describe(value) for value in model.graph.input],
         "outputs": [describe(value) for value in model.graph.output],
     }
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A choice an export made on its user's behalf, kept in the manifest's `decisions` list so that it can still be
+    read when the export's log is gone: what was decided (`subject`), what was `chosen` `instead_of` what, and `why`.
+
+    Example:
+        >>> Decision("tracing", "every layer traced", "two layers traced and stamped", "a layer built differently")
+    """
+
+    subject: str
+    chosen: str
+    instead_of: str
+    why: str
+
+    def to_json(self) -> dict[str, str]:
+        return asdict(self)
 
 
 def build_manifest(

@@ -39,6 +39,7 @@ from ..checkpoints.folders import copy_tokenizer, is_transformers_folder, load_c
 from .contract import (
     DTYPES,
     PAST_PLUS_SEQUENCE,
+    Decision,
     GraphSpec,
     TensorSpec,
     build_manifest,
@@ -84,6 +85,8 @@ TOKENIZER_FILES = (
 
 Progress = Callable[[str], None] | None
 
+logger = logging.getLogger(__name__)
+
 # Loading, building and tracing a model touch torch's process-wide state: torch.export keeps its tracing modes on one
 # stack for the process ("Trying to pop empty mode stack" when two trace at once), loading builds the model with
 # parameter registration patched to the meta device (a parameter another thread creates meanwhile lands there), and
@@ -95,15 +98,15 @@ _TORCH_GLOBALS = threading.RLock()
 @contextmanager
 def _quiet_exporter() -> Iterator[None]:
     """Silence the exporter's chatter (missing torchvision ops, axis-renaming notes); errors still raise."""
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    exporter_logger = logging.getLogger("torch.onnx")
+    level = exporter_logger.level
+    exporter_logger.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        logger.setLevel(level)
+        exporter_logger.setLevel(level)
 
 
 def export_graph(spec: GraphSpec, config: PreTrainedConfig, device: str, opset: int | None) -> onnx_ir.Model:
@@ -287,8 +290,12 @@ def export_onnx(
             yet. Below `LLM_OPSET`, attention and rotary export as plain math (more, smaller nodes).
         stamp_layers: trace a two-layer copy of the model and stamp its second layer once per further layer
             (`stamping.py`): the export then takes about the same time at any depth. Where a graph cannot be stamped
-            safely the whole model is traced instead (the progress line says why); False always traces it whole.
-        progress: called with a line of text at each stage (the CLI prints them).
+            safely the whole model is traced instead (the progress line, the log and the manifest's `decisions` say
+            why); False always traces it whole.
+        progress: called with a line of text at each stage (the CLI prints them). Choices made on the caller's
+            behalf (a full trace instead of stamping, the portable attention graph instead of GroupQueryAttention)
+            are also logged (`logging`, this module's logger: warnings for fallbacks after a failure) and listed in
+            the manifest's `decisions`.
 
     Example:
         >>> result = export_onnx(model, "out", task="text-generation", quantize="int8")
@@ -382,11 +389,14 @@ def export_onnx(
         else:
             row_scores, input_mean_squares = calibration
     form = {"attention_form": "portable"}
+    decisions: list[Decision] = []  # made on the caller's behalf, for the manifest
 
     with staged_folder(output_dir) as staging:
         with _TORCH_GLOBALS:
             specs = build_graph_specs(export_model, task, DTYPES[dtype])
-            graphs = _export_graphs(export_model, task, specs, DTYPES[dtype], device, opset, stamp_layers, say)
+            graphs = _export_graphs(
+                export_model, task, specs, DTYPES[dtype], device, opset, stamp_layers, say, decisions
+            )
         for spec in specs:
             graph = graphs.pop(spec.name)
             save_graph(graph, staging / spec.file)
@@ -427,6 +437,7 @@ def export_onnx(
                 )
             if task == "text-generation":
                 manifest.update(form)
+            manifest["decisions"] = [decision.to_json() for decision in decisions + _attention_decisions(form)]
             write_manifest(staging, manifest)
             if not validate:
                 return None
@@ -486,9 +497,11 @@ def _export_graphs(
     opset: int | None,
     stamp_layers: bool,
     say: Callable[[str], None],
+    decisions: list[Decision],
 ) -> dict[str, onnx_ir.Model]:
     """Each spec's graph as it ships: stamped from a two-layer trace where the model is deeper and stamping is safe
-    (`stamping.py`), else traced whole (`export_graph`)."""
+    (`stamping.py`), else traced whole (`export_graph`); a stamping refused or failed is logged and added to
+    `decisions`."""
     depths = stamping_depths(model) if stamp_layers else {}
     if depths:
         layers = " and ".join(str(depth) for depth in depths.values())
@@ -506,13 +519,32 @@ def _export_graphs(
             return {spec.name: finish_graph(graphs[spec.name], spec) for spec in specs}
         except StampingRefused as refusal:
             say(f"Stamping refused ({refusal}); tracing every layer instead")
+            _decide(decisions, Decision("tracing", "every layer traced", "stamping", str(refusal)), logging.INFO)
         except Exception as error:  # noqa: BLE001  a stamper defect must not cost the export: trace it whole
             say(f"Stamping failed ({type(error).__name__}: {error}); tracing every layer instead")
+            why = f"stamping failed: {type(error).__name__}: {error}"
+            _decide(decisions, Decision("tracing", "every layer traced", "stamping", why), logging.WARNING)
     graphs = {}
     for spec in specs:
         say(f"Exporting graph {spec.name!r} with torch.onnx.export(dynamo=True)")
         graphs[spec.name] = export_graph(spec, model.config, device, opset)
     return graphs
+
+
+def _decide(decisions: list[Decision], decision: Decision, level: int) -> None:
+    """Log `decision` (`level`: WARNING for a fallback after a failure, INFO for an ordinary choice) and keep it for
+    the manifest."""
+    logger.log(level, "%s: %s instead of %s (%s)", decision.subject, decision.chosen, decision.instead_of, decision.why)
+    decisions.append(decision)
+
+
+def _attention_decisions(form: dict) -> list[Decision]:
+    """The portable attention graph kept where the GroupQueryAttention form was tried (`ort_llm`, which logs it), as
+    a decision for the manifest; none otherwise."""
+    note = form.get("attention_form_note")
+    if note is None:
+        return []
+    return [Decision("attention form", "portable", "gqa", note.removeprefix("portable: "))]
 
 
 def _free_weights(*models: torch.nn.Module) -> None:

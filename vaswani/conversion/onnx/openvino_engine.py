@@ -24,6 +24,7 @@ its compute precision).
     >>> OpenVinoSession("onnx-folder/model.onnx", precision="bf16", threads=2).run(None, feeds)  # any graph, stateless
 """
 
+import logging
 import os
 import shutil
 import tempfile
@@ -42,6 +43,8 @@ PRECISIONS = ("auto", "f32", "bf16")
 # What OpenVINO calls the precisions (its INFERENCE_PRECISION_HINT), and what `get_providers` reports.
 OPENVINO_TYPES = {"f32": "f32", "bf16": "bf16"}
 PROVIDER_NAME = "OpenVINO"
+
+logger = logging.getLogger(__name__)
 
 
 def import_openvino():
@@ -74,17 +77,30 @@ def check_engine(engine: str, precision: str = "auto") -> None:
 def chosen_engine(engine: str, manifest: dict, provider: str) -> str:
     """What `engine="auto"` runs: "openvino" where the route was measured faster (a text-generation export in the
     portable form, on the CPU provider, OpenVINO installed, and a CPU that computes bfloat16), else "onnxruntime".
-    Any other `engine` is returned as it is."""
+    Any other `engine` is returned as it is. The choice and its reason are logged: as a warning where OpenVINO
+    could not be imported, as info otherwise."""
     if engine != "auto":
         return engine
     from .gqa_runtime import is_gqa_form
 
-    if manifest["task"] != "text-generation" or provider != "CPUExecutionProvider" or is_gqa_form(manifest):
-        return "onnxruntime"
-    try:
-        return "openvino" if openvino_precision("auto") == "bf16" else "onnxruntime"
-    except ImportError:
-        return "onnxruntime"
+    if manifest["task"] != "text-generation":
+        reason = f"the export's task is {manifest['task']!r} (OpenVINO runs text-generation exports)"
+    elif provider != "CPUExecutionProvider":
+        reason = f"it runs on {provider} (OpenVINO runs on the CPU)"
+    elif is_gqa_form(manifest):
+        reason = "the export is in the GroupQueryAttention form, which only ONNX Runtime runs"
+    else:
+        try:
+            precision = openvino_precision("auto")
+        except ImportError as error:
+            logger.warning("engine='auto' runs ONNX Runtime, not OpenVINO: %s", error)
+            return "onnxruntime"
+        if precision == "bf16":
+            logger.info("engine='auto' runs OpenVINO: a portable text-generation export, and this CPU computes bf16")
+            return "openvino"
+        reason = "this CPU does not compute bfloat16 (OpenVINO in f32 measured slower than ONNX Runtime there)"
+    logger.info("engine='auto' runs ONNX Runtime, not OpenVINO: %s", reason)
+    return "onnxruntime"
 
 
 def openvino_precision(requested: str = "auto") -> str:

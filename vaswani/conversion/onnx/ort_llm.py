@@ -26,6 +26,7 @@ Example:
     >>> form["attention_form"]   # "gqa", or "portable" with the reason in form["attention_form_note"]
 """
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,8 @@ ATTENTION_FORMS = ("auto", FORM_GQA, FORM_PORTABLE)
 # which a fixed cos/sin table cannot follow.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 GQA_INPUTS = ("seqlens_k", "total_sequence_length", "query_seqlens")
+
+logger = logging.getLogger(__name__)
 
 
 class GqaRewriteError(ValueError):
@@ -86,14 +89,16 @@ def rewrite_decoder_attention(
     path: Path, model: PreTrainedModel, task: str, dtype: str, device: str, say: Callable[[str], None]
 ) -> dict:
     """Rewrite the saved decoder graph at `path` into the GroupQueryAttention form where it applies, else leave the
-    portable graph and say why. Returns the manifest entries: `attention_form` and, when portable, the reason in
+    portable graph and say why (logged too: as a warning where the rewrite failed, as info where the model does not
+    take the form). Returns the manifest entries: `attention_form` and, when portable, the reason in
     `attention_form_note`."""
     refusal = gqa_form_refusal(model, task, dtype, device)
+    level = logging.INFO
     if refusal is None:
         try:
             layers = rewrite_to_gqa(path, *rope_tables(model))
         except GqaRewriteError as error:
-            refusal = str(error)
+            refusal, level = str(error), logging.WARNING
         else:
             fused = fuse_residual_norms(path)
             say(
@@ -102,6 +107,7 @@ def rewrite_decoder_attention(
             )
             return {"attention_form": FORM_GQA}
     say(f"Keeping the portable attention graph: no GroupQueryAttention form for {refusal}")
+    logger.log(level, "Keeping the portable attention graph of %s: no GroupQueryAttention form for %s", path, refusal)
     return {"attention_form": FORM_PORTABLE, "attention_form_note": f"portable: {refusal}"}
 
 
