@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from results import machine, table, write  # benchmarks/results.py
+from results import TABLE_MAKERS, machine, write  # benchmarks/results.py
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -243,23 +243,11 @@ def bench_encoder(args: argparse.Namespace, generator: torch.Generator) -> tuple
 FAMILIES = {"decoder": bench_decoder, "seq2seq": bench_seq2seq, "encoder": bench_encoder}
 
 
-COLUMNS = ["figure", "transformers", "vaswani", "vaswani / transformers"]
-
-
-def table_rows(rows: list[Row]) -> list[list[str]]:
-    cells = []
-    for row in rows:
-        ratio = row.vaswani_seconds / row.reference_seconds
-        reference, ours = row.reference_seconds, row.vaswani_seconds
-        cells.append([f"{row.label} (ms)", f"{reference * 1e3:.1f}", f"{ours * 1e3:.1f}", f"{ratio:.3f}"])
-        if row.tokens:
-            cells.append([f"{row.label} (tokens/s)", f"{row.tokens / reference:.1f}", f"{row.tokens / ours:.1f}", ""])
-    return cells
-
-
 def markdown_table(title: str, rows: list[Row]) -> str:
-    lines = [f"**{title}**", "", "| " + " | ".join(COLUMNS) + " |", "|---|---|---|---|"]
-    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)])
+    """One family's table as the page shows it (computed by results.side_by_side_tables from the raw medians)."""
+    (made,) = TABLE_MAKERS["side_by_side"]({title: [asdict(row) for row in rows]}, {})
+    lines = [f"**{title}**", "", "| " + " | ".join(made["columns"]) + " |", "|---|---|---|---|"]
+    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in made["rows"]])
 
 
 def main() -> None:
@@ -303,7 +291,8 @@ def main() -> None:
                 header + ". Each pair (same weights, same attention backend) is timed alternately in one process, "
                 "so drift hits both; below 1.0, vaswani is faster."
             ],
-            "tables": [table(title, COLUMNS, table_rows(rows)) for title, rows in families],
+            # The page's tables are computed from these medians when it is rendered (results.side_by_side_tables).
+            "tables_from": "side_by_side",
             "raw": {title: [asdict(row) for row in rows] for title, rows in families},
         }
         write(results, args.json, args.markdown)

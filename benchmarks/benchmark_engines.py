@@ -57,7 +57,6 @@ Exports and conversions are kept in `--work-dir` and reused (their first build t
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -404,126 +403,21 @@ def run_worker(engine: str, location: Path, request: dict, args: argparse.Namesp
 # ------------------------------------------------------------------------------------------------ reporting
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-def fmt(value: float, digits: int = 1) -> str:
-    return "–" if value != value else f"{value:.{digits}f}"
-
-
-def first_difference(tokens: list[int], reference: list[int]) -> int:
-    for index, (a, b) in enumerate(zip(tokens, reference)):
-        if a != b:
-            return index
-    return min(len(tokens), len(reference))
-
-
-def report(results: dict, builds: dict, bandwidths: list[float], fp32_bytes: int, args, tokenizer) -> str:
-    bandwidth = max(bandwidths)  # other jobs only lower a probe: the highest is closest to what the machine sustains
-    if args.seq2seq:
-        workload = (
-            f"source: the first {args.prompt_length} tokens of the package's story corpus, {args.new_tokens} greedy "
-            f"tokens (end-of-sequence cannot stop them early), the encoder's run included"
-        )
-        bound_rule = (
-            f"fp32 = 4 bytes x the parameters a decoder step reads (decoder layers less the cross-attention key and "
-            f"value projections, which run once per sequence; the head shared with the embedding) = "
-            f"{fp32_bytes / 1e6:.0f} MB; 8-bit = 1 byte x the same parameters (scales left out: a slightly high bound)"
-        )
-    else:
-        workload = (
-            f"prompt: the chat template around a fixed question ({args.prompt_length} tokens; each row's first token "
-            f"one no earlier row began with, so that no engine's prefix cache holds it), {args.new_tokens} "
-            f"greedy tokens; time to first token for a {args.prefill_tokens}-token prompt"
-        )
-        bound_rule = (
-            f"fp32 = parameters x 4 = {fp32_bytes / 1e6:.0f} MB (the tied head read once); quantized = the size of "
-            f"that system's weight files, less an embedding table stored apart from the head (a Gather reads one "
-            f"row of it per token)"
-        )
-    lines = [
-        f"CPU, {args.threads} threads; {workload}. "
-        f"Each system in a process of its own, {args.rounds} rounds in rotated order; tok/s is the median over "
-        f"rounds, x transformers the median of per-round ratios; other jobs on a shared machine only slow a run "
-        f"down, so the best round is shown too. Weight-read bandwidth, measured each round: "
-        f"{' / '.join(f'{b / 1e9:.1f}' for b in bandwidths)} GB/s (highest {bandwidth / 1e9:.1f}). Bound = batch x "
-        f"bandwidth / bytes read per token: {bound_rule}."
-    ]
-    # results[name][round] is None where that round's process failed; ratios pair runs of the same round.
-    reference_round = results.get("transformers fp32", [])
-    done = [run for run in reference_round if run]
-    reference_tokens = done[0]["decode"]["1"]["tokens"] if done else []
-    for batch in args.batches:
-        lines += [
-            "",
-            f"**Decode, batch {batch}** ({batch} x {args.new_tokens} tokens per run, "
-            f"{'the encoder' if args.seq2seq else 'prompt prefill'} included)",
-            "",
-            "| system | precision | tok/s (median) | x transformers | fraction of bound | best round tok/s "
-            "(fraction) | build time (s) |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for name, runs in results.items():
-            engine, precision, recipe = SYSTEMS[name]
-            rates, ratios = [], []
-            for index, run in enumerate(runs):
-                entry = run["decode"].get(str(batch), {}) if run else {}
-                if "seconds" not in entry:
-                    continue
-                rate = entry["count"] / entry["seconds"]
-                rates.append(rate)
-                reference = reference_round[index]["decode"].get(str(batch), {}) if reference_round[index] else {}
-                if "seconds" in reference:
-                    ratios.append(rate / (reference["count"] / reference["seconds"]))
-            if not rates:
-                lines.append(f"| {name} | {precision} | – (not run at this batch size) | | | | |")
-                continue
-            per_token = {"fp32": fp32_bytes, "bf16": fp32_bytes // 2}.get(precision, builds[name]["bytes"])
-            bound = batch * bandwidth / per_token
-            rate, best = median(rates), max(rates)
-            lines.append(
-                f"| {name} | {precision} | {fmt(rate)} | {fmt(median(ratios), 2)} | {rate / bound:.0%} of "
-                f"{bound:.0f} | {fmt(best)} ({best / bound:.0%}) | {fmt(builds[name]['seconds'], 0)} |"
-            )
-    if not args.prefill_tokens:  # no time-to-first-token runs: agreement only
-        lines += [
-            "",
-            "**Agreement** (batch 1; greedy tokens equal to transformers fp32's before the first difference; how many "
-            "distinct tokens the output has: a model with random weights tends to repeat one token)",
-            "",
-            "| system | same tokens | distinct tokens |",
-            "|---|---|---|",
-        ]
-        for name, runs in results.items():
-            tokens = next(run for run in runs if run)["decode"]["1"]["tokens"]
-            same = first_difference(tokens, reference_tokens)
-            lines.append(f"| {name} | {same}/{len(tokens)} | {len(set(tokens))} |")
-        return "\n".join(lines)
-    lines += [
-        "",
-        f"**Prefill and quality** (batch 1; time to first token for {args.prefill_tokens} prompt tokens; greedy "
-        f"tokens equal to transformers fp32's before the first difference)",
-        "",
-        "| system | TTFT (ms) | x transformers | prompt tok/s | same tokens | text |",
-        "|---|---|---|---|---|---|",
-    ]
-
-    def ttft(run: dict | None) -> float | None:
-        return run["prefill"]["seconds"] if run and run.get("prefill") else None
-
+def engine_raw(results: dict, builds: dict, bandwidths: list[float], fp32_bytes: int, args, tokenizer) -> dict:
+    """What the page's tables are computed from (benchmarks/results.py, `engine_tables`): every round's seconds,
+    token counts and tokens, the bandwidth probes, the weights' bytes, the settings, each system's weight precision
+    and the start of its greedy text."""
+    texts = {}
     for name, runs in results.items():
-        ttfts = [ttft(run) for run in runs if ttft(run)]
-        pairs = zip(map(ttft, reference_round), map(ttft, runs))
-        ratios = [reference / own for reference, own in pairs if reference and own]
         tokens = next(run for run in runs if run)["decode"]["1"]["tokens"]
-        same = first_difference(tokens, reference_tokens)
-        text = tokenizer.decode(tokens, skip_special_tokens=True).replace("\n", " ").replace("|", "/")[:70]
-        lines.append(
-            f"| {name} | {fmt(median(ttfts) * 1e3, 0)} | {fmt(median(ratios), 2)} | "
-            f"{fmt(args.prefill_tokens / median(ttfts), 0)} | {same}/{len(tokens)} | {text} |"
-        )
-    return "\n".join(lines)
+        texts[name] = tokenizer.decode(tokens, skip_special_tokens=True).replace("\n", " ").replace("|", "/")[:70]
+    settings = {
+        "threads": args.threads, "rounds": args.rounds, "new_tokens": args.new_tokens, "batches": args.batches,
+        "prefill_tokens": args.prefill_tokens, "prompt_length": args.prompt_length, "seq2seq": args.seq2seq,
+    }  # fmt: skip
+    raw = {"bandwidths": bandwidths, "fp32_bytes": fp32_bytes, "builds": builds, "results": results}
+    raw |= {"settings": settings, "precisions": {name: SYSTEMS[name][1] for name in results}, "texts": texts}
+    return json.loads(json.dumps(raw, default=str))
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -676,36 +570,37 @@ def write_report(results, builds, bandwidths, fp32_bytes, args, tokenizer, skipp
     measured = {name: runs for name, runs in results.items() if any(runs)}
     if "transformers fp32" not in measured:
         return
-    table = report(measured, builds, bandwidths, fp32_bytes, args, tokenizer)
+    after = []
     infos = {name: [run["info"] for run in runs if run and run.get("info")] for name, runs in measured.items()}
     if chosen := {name: info[0] for name, info in infos.items() if info}:  # what an engine picked on its own
-        table += "\n\nSettings the engines chose (read back from the loaded model): " + "; ".join(
+        after.append("Settings the engines chose (read back from the loaded model): " + "; ".join(
             f"{name}: " + ", ".join(f"{key} {value}" for key, value in info.items()) for name, info in chosen.items()
-        )
+        ))  # fmt: skip
     if skipped:
-        table += "\n\nNot measured or incomplete: " + "; ".join(f"{name}: {why}" for name, why in skipped.items())
+        after.append("Not measured or incomplete: " + "; ".join(f"{name}: {why}" for name, why in skipped.items()))
     versions = subprocess.run(
         [sys.executable, "-c", "import torch, transformers, onnxruntime as o; print(f'torch {torch.__version__}, "
          "transformers {transformers.__version__}, onnxruntime {o.__version__}')"],
         capture_output=True, text=True,
     ).stdout.strip()  # fmt: skip
     rounds = f"{len(bandwidths)} of {args.rounds} rounds" if not final else f"{args.rounds} rounds"
-    table += (
-        f"\n\nvaswani's environment: {versions}; model: {args.model.name} ({config.num_hidden_layers} layers); "
-        f"{rounds}."
+    after.append(
+        f"vaswani's environment: {versions}; model: {args.model.name} ({config.num_hidden_layers} layers); {rounds}."
     )
-    if final:
-        print("\n" + table)
-    if args.markdown:
-        args.markdown.write_text(table + "\n")
-    raw = {"bandwidths": bandwidths, "fp32_bytes": fp32_bytes, "builds": builds, "results": results}
-    (args.work_dir / "results.json").write_text(json.dumps(raw, default=str))
-    if final:
-        if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
-            sys.path.insert(0, str(Path(__file__).resolve().parent))
-            from results import publish_report
+    raw = engine_raw(measured, builds, bandwidths, fp32_bytes, args, tokenizer)
+    (args.work_dir / "results.json").write_text(json.dumps(raw))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from results import command_line, machine, render, write
 
-            publish_report(table, args.json, args.markdown, json.loads(json.dumps(raw, default=str)), args.threads)
+    # The page's tables are computed from the raw rounds when it is rendered (results.engine_tables).
+    page = {"title": "vaswani against the engines (CPU)", "command": command_line(), "machine": machine(args.threads)}
+    page |= {"tables_from": "engines", "after": after, "raw": raw}
+    if final:
+        print("\n" + render(page, args.json.name if args.json else "results.json"))
+    if args.json and final:
+        write(page, args.json, args.markdown)
+    elif args.markdown:  # after every round: the tables so far
+        args.markdown.write_text(render(page, args.json.name if args.json else "results.json"))
 
 
 if __name__ == "__main__":

@@ -29,11 +29,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from results import from_markdown, write  # noqa: E402
+from results import command_line, machine, render, write  # noqa: E402
 
 PRECISIONS = {"fp32": [], "int8": ["--quantize", "int8"], "int4": ["--quantize", "int4"]}
 SAMPLE_SECONDS = 0.05
-GB = 1e9
 STAGE_SUFFIX = re.compile(r"  \[[\d.]+ s, peak RSS [\d.]+ GB\]$")  # what `vaswani export` adds to each progress line
 
 
@@ -134,51 +133,6 @@ def stages(lines: list[tuple[float, str]], samples: list[tuple[float, int]], end
     return found
 
 
-def render(raw: dict) -> str:
-    """The Markdown report: per run and precision the whole export against the weights, then each stage."""
-    weights = raw["weights_bytes"]
-    lines = [
-        "# vaswani export at 1B: memory and time by stage",
-        "",
-        f"`{raw['model_description']}`: {weights / 4 / 1e9:.3f}B parameters, {weights / GB:.2f} GB of float32 weights. "
-        "Seeded random weights at a trained model's scales: time and memory do not depend on the values, quality is "
-        "not measured here. Each export is one `vaswani export --model` process, run alone; its peak is the kernel's "
-        "(`ru_maxrss`), each stage's the largest resident set sampled every 50 ms while it ran (file pages the process "
-        "maps, such as the safetensors weights, count as they are read). Targets: peak RSS at most 1.5x the float32 "
-        "weights, an fp32 export within 60 s on 2 cores.",
-        "",
-        *(line for note in raw.get("notes", []) for line in (note, "")),
-        "**Exports**",
-        "",
-        "| code | precision | wall time | CPU time | peak RSS | peak / fp32 weights | folder | result |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
-    ]
-    for label, runs in raw["runs"].items():
-        for precision, run in runs.items():
-            cpu = f"{run['cpu_seconds']:.0f} s" if "cpu_seconds" in run else "-"
-            folder = f"{run['output_bytes'] / GB:.2f} GB" if "output_bytes" in run else "-"
-            lines.append(
-                f"| {label} | {precision} | {run['seconds']:.0f} s | {cpu} | {run['peak_rss_bytes'] / GB:.2f} GB | "
-                f"{run['peak_rss_bytes'] / weights:.2f}x | {folder} | "
-                f"{run.get('outcome', 'written, validated')} |"
-            )
-    for label, runs in raw["runs"].items():
-        for precision, run in runs.items():
-            lines += [
-                "",
-                f"**Stages: {precision}, {label}**",
-                "",
-                "| stage (the progress line that starts it) | starts | seconds | peak RSS | / fp32 weights |",
-                "|---|---:|---:|---:|---:|",
-            ]
-            for stage in run["stages"]:
-                peak = stage["peak_rss_bytes"]
-                shown = f"{peak / GB:.2f} GB | {peak / weights:.2f}x" if peak else "- | -"
-                text = stage["line"].replace("|", "/")[:110]
-                lines.append(f"| {text} | {stage['start']:.1f} s | {stage['seconds']:.1f} | {shown} |")
-    return "\n".join(lines) + "\n"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, help="a transformers model folder")
@@ -189,11 +143,14 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="raw results: runs under other labels in it are kept")
     parser.add_argument("--markdown", type=Path, help="the results page")
     args = parser.parse_args()
-    raw = {"runs": {}}
+    raw, kept = {"runs": {}}, {}
     if args.json and args.json.is_file():
-        raw = json.loads(args.json.read_text())["raw"]
-    if args.render:
-        print(publish(raw, args.json, args.markdown))
+        kept = json.loads(args.json.read_text())
+        raw = kept["raw"]
+    if args.render:  # the JSON's runs, command and machine as they are, the tables computed again
+        if not args.json:
+            parser.error("--render needs --json")
+        print(write({**kept, "tables_from": "export_memory", "raw": raw}, args.json, args.markdown))
         return
     if args.model is None:
         parser.error("--model is required (or --render with --json)")
@@ -215,12 +172,18 @@ def main() -> None:
             runs[precision] = {**failure.result, "outcome": failure.outcome}
         if args.json:
             publish(raw, args.json, args.markdown)
-    print(render(raw))
+    print(render(results(raw), args.json.name if args.json else "results.json"))
+
+
+def results(raw: dict) -> dict:
+    """The page's results: its tables are computed from `raw` when it is rendered (results.export_memory_tables)."""
+    title = "vaswani export at 1B: memory and time by stage"
+    return {"title": title, "command": command_line(), "machine": machine(threads=None), "after": [],
+            "tables_from": "export_memory", "raw": raw}  # fmt: skip
 
 
 def publish(raw: dict, json_path: Path, markdown_path: Path | None) -> str:
-    results = from_markdown(render(raw), raw, threads=None)
-    return write(results, json_path, markdown_path)
+    return write(results(raw), json_path, markdown_path)
 
 
 if __name__ == "__main__":

@@ -27,13 +27,12 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import command_line, machine, table, write  # noqa: E402
+from results import TABLE_MAKERS, command_line, machine, write  # noqa: E402
 
 SYSTEMS = {
     "ONNX Runtime": {"engine": "onnxruntime"},
@@ -105,42 +104,6 @@ def run_system(build: str, system: str, args: argparse.Namespace, first_round: b
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def tables(runs: dict, builds: dict[str, str], gqa_builds: dict[str, str]) -> list[dict]:
-    """Per export: each system's figures (medians) and its ratio to ONNX Runtime (median of per-round ratios)."""
-    made = []
-    for name in builds:
-        rows = []
-        base = runs[name]["ONNX Runtime"]
-        for system in runs[name]:
-            rounds = runs[name][system]
-            ttft = [run["ttft_s"] for run in rounds]
-            cells = [system, rounds[0]["provider"], f"{median(ttft) * 1e3:.0f} ms"]
-            cells.append(f"{median([b['ttft_s'] / r['ttft_s'] for b, r in zip(base, rounds)]):.2f}x")
-            for batch in ("1", "8"):
-                rates = [run["decode_tokens_per_s"][batch] for run in rounds]
-                ratio = median(
-                    [r["decode_tokens_per_s"][batch] / b["decode_tokens_per_s"][batch] for b, r in zip(base, rounds)]
-                )
-                cells += [f"{median(rates):.1f}", f"{ratio:.2f}x"]
-            anonymous = median([run["anon_bytes"] for run in rounds]) / 2**20
-            mapped = median([run["file_bytes"] for run in rounds]) / 2**20
-            cells.append(f"{anonymous:.0f} + {mapped:.0f} MiB")
-            rows.append(cells)
-        columns = ["system", "runs prompts in", "time to first token", "speed-up", "decode tok/s, batch 1", "x ORT"]
-        columns += ["decode tok/s, batch 8", "x ORT", "resident: anonymous + file-mapped"]
-        if rounds[0].get("perplexity") is not None:
-            columns.append("perplexity")
-            for row, system in zip(rows, runs[name]):
-                row.append(f"{runs[name][system][0]['perplexity']:.3f}")
-        folders = builds[name] + (f"; GQA form {gqa_builds[name]}" if name in gqa_builds else "")
-        made.append(table(f"{name} ({folders})", columns, rows))
-    return made
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--build", action="append", default=[], metavar="NAME=FOLDER", help="a portable export")
@@ -191,7 +154,11 @@ def main() -> None:
             f"Portable exports of {args.model}; each system in a process of its own, {args.rounds} rounds in "
             f"rotated order. Time to first token: a {args.prefill_tokens}-token prompt at batch 1. Decode: "
             f"{args.new_tokens - 1} tokens after a {args.decode_prompt_tokens}-token prompt, batch 1 and 8. Figures "
-            "are medians over rounds, ratios (x ORT, speed-up) medians of per-round ratios to ONNX Runtime. Memory: "
+            "are medians over rounds, ratios (x ORT, speed-up) medians of per-round ratios to ONNX Runtime, each with "
+            "its range over rounds in brackets: a difference inside the range is noise, not a lead. Weights / "
+            "compute: the export's weights and the precision its arithmetic ran in (the provider each process "
+            "reported; OpenVINO's bf16 is not ONNX Runtime's fp32, so an fp32 export's ratios compare bf16 with "
+            "fp32 compute). Memory: "
             "the process's resident set at the end (torch, both runtimes and the benchmark's buffers included), "
             "anonymous (allocated) + file-mapped (the weight file OpenVINO maps; page cache, shared and "
             "reclaimable)."
@@ -203,12 +170,23 @@ def main() -> None:
                 else ""
             )
         ],
-        "tables": tables(runs, builds, gqa_builds),
-        "raw": {"settings": {k: v for k, v in vars(args).items() if k not in ("json", "markdown")}, "runs": runs},
+        # The page's tables are computed from these raw rounds when it is rendered (results.openvino_route_tables).
+        "tables_from": "openvino_route",
+        "raw": {"settings": settings(args, builds, gqa_builds), "runs": runs},
     }
-    results["raw"]["settings"] = {k: str(v) for k, v in results["raw"]["settings"].items()}
     page = write(results, args.json, args.markdown) if args.json else None
-    print(page or json.dumps(results["tables"], indent=1))
+    print(page or json.dumps(TABLE_MAKERS["openvino_route"](results["raw"], results["machine"]), indent=1))
+
+
+def settings(args: argparse.Namespace, builds: dict[str, str], gqa_builds: dict[str, str]) -> dict:
+    """The run's settings as the JSON keeps them: numbers as numbers, paths as text, the builds by name."""
+    kept = {
+        key: value
+        for key, value in vars(args).items()
+        if key not in ("build", "gqa_build", "json", "markdown", "worker", "system")
+    }
+    kept = {key: str(value) if isinstance(value, Path) else value for key, value in kept.items()}
+    return {**kept, "builds": builds, "gqa_builds": gqa_builds}
 
 
 if __name__ == "__main__":

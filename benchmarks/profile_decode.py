@@ -34,11 +34,11 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import publish_report  # noqa: E402
+from results import PROFILE_PARTS as PARTS  # noqa: E402
+from results import command_line, machine, render, write  # noqa: E402
 
 WEIGHT_PRODUCTS = ("MatMulNBits", "MatMul", "Gemm")
 ATTENTION = ("GroupQueryAttention", "Attention", "MultiHeadAttention", "RotaryEmbedding")
-PARTS = ("weight products", "attention", "other nodes", "run overhead", "loop")
 
 
 def generate_vaswani(folder: Path, prompt: list[int], new_tokens: int, threads: int, profile_dir: Path) -> str:
@@ -150,32 +150,6 @@ def run_worker(name: str, folder: Path, args: argparse.Namespace) -> dict[str, f
         return summarize(trace, graph, args.skip, args.prompt_step)
 
 
-def markdown(results: dict[str, list[dict]], args: argparse.Namespace) -> str:
-    measured = (
-        f"The prompt step of {args.prompt} tokens at batch 1 (time to first token), {args.threads} threads; ONNX "
-        f"Runtime's profiler, each export in its own process, {args.rounds} alternating rounds; microseconds, median "
-        "over rounds."
-        if args.prompt_step
-        else f"Decode steps at batch 1 after a {args.prompt}-token prompt, {args.new_tokens} greedy tokens, "
-        f"{args.threads} threads; ONNX Runtime's profiler, each export in its own process, {args.rounds} alternating "
-        f"rounds; microseconds per step, median over steps (the first {args.skip} left out), then over rounds."
-    )
-    lines = [
-        measured,
-        "",
-        # A prompt step computes far more per weight byte than it reads: its read rate says nothing.
-        f"| export | step | {' | '.join(PARTS)} |" + ("" if args.prompt_step else " weight products read at |"),
-        "|---|---|" + "---|" * len(PARTS) + ("" if args.prompt_step else "---|"),
-    ]
-    for name, rounds in results.items():
-        median = {key: statistics.median(r[key] for r in rounds) for key in [*PARTS, "GB/s"]}
-        step = sum(median[part] for part in PARTS)
-        cells = " | ".join(f"{median[part]:.0f}" for part in PARTS)
-        rate = "" if args.prompt_step else f" {median['GB/s']:.1f} GB/s |"
-        lines.append(f"| {name} | {step:.0f} | {cells} |{rate}")
-    return "\n".join(lines) + "\n"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("exports", nargs="*", metavar="NAME=FOLDER")
@@ -209,14 +183,16 @@ def main() -> None:
             results[name].append(summary)
             parts = ", ".join(f"{part} {summary[part]:.0f}" for part in PARTS)
             print(f"round {round_index + 1} {name}: {parts} us; {summary['GB/s']:.1f} GB/s", flush=True)
-    table = markdown(results, args)
-    print(table)
+    settings = {key: getattr(args, key) for key in ("prompt", "new_tokens", "threads", "rounds", "skip", "prompt_step")}
+    title = "Where the prompt step's time goes" if args.prompt_step else "Where a decode step's time goes"
+    # The page's table is computed from the rounds when it is rendered (results.profile_tables).
+    page = {"title": title, "command": command_line(), "machine": machine(args.threads), "after": []}
+    page |= {"tables_from": "profile_decode", "raw": {"rounds": results, "settings": settings}}
+    print(render(page, args.json.name if args.json else "profile.json"))
     if args.json:
-        title = "Where the prompt step's time goes" if args.prompt_step else "Where a decode step's time goes"
-        report = f"# {title}\n\n" + table
-        publish_report(report, args.json, args.markdown, {"rounds": results}, args.threads)
+        write(page, args.json, args.markdown)
     elif args.markdown:
-        args.markdown.write_text(table)
+        args.markdown.write_text(render(page, "profile.json"))
 
 
 if __name__ == "__main__":

@@ -1,17 +1,24 @@
 """Published results: each `docs/results/NAME.md` is rendered from `NAME.json` beside it, which its script wrote.
 
-A script builds one results dictionary: what it measured (`raw`, in its own form), the tables made from it (`tables`:
-heading, columns and rows of formatted cells), the command that made it, and the machine it ran on (`machine()`).
-`write` saves the JSON, reads it back and renders the page from what it read, so the page never says more than
-the JSON holds. The page may go on after the rendered part (explanations); it holds no table there.
+A script builds one results dictionary: what it measured (`raw`: per-round seconds, tokens/s, bytes, in its own
+form), the name of the table maker that computes the page's tables from those raw values (`tables_from`, one of
+`TABLE_MAKERS`), the command that made it, and the machine it ran on (`machine()`). `write` saves the JSON, reads it
+back and renders the page from what it read: every figure in a table is computed from the raw values when the page
+is rendered, so a table never says more than the measurements do. Where per-round values exist a figure is their
+median with the range over rounds beside it (`spread`). The page may go on after the rendered part (explanations);
+it holds no table there.
 
-    from results import machine, table, write
+    from results import machine, write
     write(
-        {"title": "Speed", "command": "python benchmarks/x.py", "machine": machine(threads=2),
-         "tables": [table("decode", ["system", "tok/s"], [["a", "12.3"]])], "raw": measurements},
+        {"title": "Speed", "command": "python benchmarks/openvino_route.py ...", "machine": machine(threads=2),
+         "tables_from": "openvino_route", "raw": {"settings": ..., "runs": ...}},
         Path("docs/results/x.json"),
         Path("docs/results/x.md"),
     )
+
+Older scripts still hand over tables of formatted cells (`tables`, made by `table` or `from_markdown`). Such a page
+says so where it names its command, and ends with `TEXT_END` instead of `RENDERED_END`: its tables are the run's
+text, kept in the JSON, not figures computed from raw values.
 
 Render a page again from its JSON (the test suite does, and compares):
 
@@ -24,12 +31,18 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
 # Ends the rendered part of a page; what follows is written by hand and holds no table.
 RENDERED_END = "<!-- The page above this line is rendered from the JSON; edit that and render again. -->"
+# Ends the rendered part of a page whose JSON keeps its tables as formatted text (no raw values behind the cells).
+TEXT_END = (
+    "<!-- The page above this line is the run's text kept in the JSON: its tables are not computed from raw values. -->"
+)
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
 PACKAGES = ("torch", "transformers", "onnxruntime", "onnx")
 
@@ -69,7 +82,8 @@ def machine(threads: int | None, shared: bool = True, packages: tuple[str, ...] 
 
 
 def table(heading: str, columns: list[str], rows: list[list]) -> dict:
-    """One table of a page: every cell is already formatted (the raw figures live in the results' `raw`)."""
+    """One table of a page, its cells formatted. A table maker returns these, computed from raw values at render
+    time; kept in a JSON file they are text (see `TEXT_END`)."""
     if any(len(row) != len(columns) for row in rows):
         raise ValueError(f"table {heading!r}: every row needs {len(columns)} cells ({columns})")
     return {"heading": heading, "columns": columns, "rows": [[str(cell) for cell in row] for row in rows]}
@@ -98,17 +112,383 @@ def render_table(rendered: dict) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------------ table makers
+# Each computes a page's tables from the raw values its script saved (and the machine they ran on), when the page is
+# rendered: `TABLE_MAKERS[results["tables_from"]](results["raw"], results["machine"])`.
+
+TableMaker = Callable[[dict, dict], list[dict]]
+TABLE_MAKERS: dict[str, TableMaker] = {}
+
+
+def table_maker(name: str) -> Callable[[TableMaker], TableMaker]:
+    """Register a table maker under the name a script writes as its results' `tables_from`."""
+
+    def register(maker: TableMaker) -> TableMaker:
+        TABLE_MAKERS[name] = maker
+        return maker
+
+    return register
+
+
+def spread(values: list[float], digits: int = 1, suffix: str = "") -> str:
+    """Per-round `values` as the page shows them: the median, and over two or more rounds the range beside it
+    ("17.7 (16.3-19.6)"); a difference inside that range is noise, not a lead. "–" when no round measured it."""
+    values = [value for value in values if value is not None and value == value]
+    if not values:
+        return "–"
+    shown = f"{statistics.median(values):.{digits}f}{suffix}"
+    if len(values) > 1:
+        shown += f" ({min(values):.{digits}f}-{max(values):.{digits}f})"
+    return shown
+
+
+def paired_ratios(numerators: list[float | None], denominators: list[float | None]) -> list[float]:
+    """Round-by-round ratios (runs of the same round side by side), leaving out rounds where either is missing."""
+    return [top / bottom for top, bottom in zip(numerators, denominators) if top and bottom]
+
+
+def computes_bfloat16(described: dict) -> bool:
+    """Whether the machine's CPU has bfloat16 arithmetic (AVX512_BF16 or AMX), where OpenVINO's CPU plugin computes
+    in bf16 unless told otherwise (its INFERENCE_PRECISION_HINT default)."""
+    flags = described["cpu"]["flags"]
+    return bool(flags.get("avx512_bf16") or flags.get("amx_tile"))
+
+
+@table_maker("openvino_route")
+def openvino_route_tables(raw: dict, described: dict) -> list[dict]:
+    """benchmarks/openvino_route.py: per export, each system's time to first token, decode tokens/s at batch 1 and
+    8 (medians with the range over rounds), its ratios to ONNX Runtime (medians and ranges of per-round ratios),
+    resident memory, perplexity; each row with the precision it computes in (the provider it reported)."""
+    settings, made = raw["settings"], []
+    for name, systems in raw["runs"].items():
+        base, rows = systems["ONNX Runtime"], []
+        for system, rounds in systems.items():
+            provider = rounds[0]["provider"]
+            cells = [system, provider, compute_precision(name, provider)]
+            cells.append(spread([run["ttft_s"] * 1e3 for run in rounds], 0, " ms"))
+            cells.append(spread(paired_ratios([b["ttft_s"] for b in base], [r["ttft_s"] for r in rounds]), 2, "x"))
+            for batch in ("1", "8"):
+                rates = [run["decode_tokens_per_s"][batch] for run in rounds]
+                cells.append(spread(rates))
+                cells.append(spread(paired_ratios(rates, [b["decode_tokens_per_s"][batch] for b in base]), 2, "x"))
+            anonymous = statistics.median(run["anon_bytes"] for run in rounds) / 2**20
+            mapped = statistics.median(run["file_bytes"] for run in rounds) / 2**20
+            cells.append(f"{anonymous:.0f} + {mapped:.0f} MiB")
+            if rounds[0].get("perplexity") is not None:
+                cells.append(f"{rounds[0]['perplexity']:.3f}")
+            rows.append(cells)
+        columns = ["system", "runs prompts in", "weights / compute", "time to first token", "speed-up"]
+        columns += ["decode tok/s, batch 1", "x ORT", "decode tok/s, batch 8", "x ORT"]
+        columns.append("resident: anonymous + file-mapped")
+        if base[0].get("perplexity") is not None:
+            columns.append("perplexity")
+        folders = settings["builds"][name] + (
+            f"; GQA form {settings['gqa_builds'][name]}" if name in settings.get("gqa_builds", {}) else ""
+        )
+        made.append(table(f"{name} export ({folders})", columns, rows))
+    return made
+
+
+def compute_precision(weights: str, provider: str) -> str:
+    """A row's weights and the precision its arithmetic runs in, from the provider its process reported: ONNX
+    Runtime's CPU provider computes float32, and quantized MatMulNBits at the exporter's default accuracy level 4
+    (int8 activations per block); "OpenVINO (bf16)" computes bfloat16 in the steps OpenVINO runs (which steps those
+    are, the page's notes say)."""
+    if provider.startswith("OpenVINO"):
+        return f"{weights} / {provider.partition('(')[2].rstrip(')') or 'OpenVINO default'} in OpenVINO's steps"
+    return f"{weights} / fp32" if weights == "fp32" else f"{weights} / int8 activations (accuracy level 4)"
+
+
+@table_maker("engines")
+def engine_tables(raw: dict, described: dict) -> list[dict]:
+    """benchmarks/benchmark_engines.py: decode tokens/s per batch size against the memory bound and transformers,
+    time to first token, and agreement with transformers' greedy tokens, per system (medians with the range over
+    rounds; ratios are per-round ratios, paired by round). `raw["results"][name][round]` is None where that round's
+    process failed."""
+    settings, results, builds = raw["settings"], raw["results"], raw["builds"]
+    bandwidth = max(raw["bandwidths"])  # other jobs only lower a probe: the highest is closest to what the machine has
+    fp32_bytes = raw["fp32_bytes"]
+    reference = results["transformers fp32"]
+    reference_tokens = next(run for run in reference if run)["decode"]["1"]["tokens"]
+
+    def rates(runs: list[dict | None], batch: int) -> list[float | None]:
+        entries = [run["decode"].get(str(batch), {}) if run else {} for run in runs]
+        return [entry["count"] / entry["seconds"] if "seconds" in entry else None for entry in entries]
+
+    made = []
+    for batch in settings["batches"]:
+        rows = []
+        for name, runs in results.items():
+            weights = raw["precisions"][name]
+            measured = [rate for rate in rates(runs, batch) if rate]
+            if not measured:
+                rows.append([name, weights, engine_compute(name, runs, weights, described), "– (not run)", "", "", ""])
+                continue
+            per_token = {"fp32": fp32_bytes, "bf16": fp32_bytes // 2}.get(weights, builds[name]["bytes"])
+            bound = batch * bandwidth / per_token
+            median_rate = statistics.median(measured)
+            seconds = builds[name]["seconds"]
+            rows.append([
+                name, weights, engine_compute(name, runs, weights, described), spread(measured),
+                spread(paired_ratios(rates(runs, batch), rates(reference, batch)), 2),
+                f"{median_rate / bound:.0%} of {bound:.0f}", "–" if seconds != seconds else f"{seconds:.0f}",
+            ])  # fmt: skip
+        columns = ["system", "weights", "compute", "tok/s: median (range)", "x transformers: median (range)"]
+        columns += ["median's fraction of the bound", "build time (s)"]
+        made.append(
+            table(
+                f"Decode, batch {batch} ({batch} x {settings['new_tokens']} tokens per run, "
+                f"{'the encoder' if settings['seq2seq'] else 'prompt prefill'} included)",
+                columns,
+                rows,
+            )
+        )
+    made[0]["text"] = [engine_workload(raw, settings)]
+    if not settings["prefill_tokens"]:  # no time-to-first-token runs: agreement only
+        rows = []
+        for name, runs in results.items():
+            tokens = next(run for run in runs if run)["decode"]["1"]["tokens"]
+            rows.append([name, f"{first_difference(tokens, reference_tokens)}/{len(tokens)}", str(len(set(tokens)))])
+        made.append(
+            table(
+                "Agreement (batch 1; greedy tokens equal to transformers fp32's before the first difference; how "
+                "many distinct tokens the output has: a model with random weights tends to repeat one token)",
+                ["system", "same tokens", "distinct tokens"],
+                rows,
+            )
+        )
+        return made
+
+    def ttft(run: dict | None) -> float | None:
+        return run["prefill"]["seconds"] if run and run.get("prefill") else None
+
+    rows = []
+    for name, runs in results.items():
+        seconds = [ttft(run) for run in runs if ttft(run)]
+        tokens = next(run for run in runs if run)["decode"]["1"]["tokens"]
+        prompt_rate = f"{settings['prefill_tokens'] / statistics.median(seconds):.0f}" if seconds else "–"
+        rows.append([
+            name, spread([second * 1e3 for second in seconds], 0),
+            spread(paired_ratios(list(map(ttft, reference)), list(map(ttft, runs))), 2), prompt_rate,
+            f"{first_difference(tokens, reference_tokens)}/{len(tokens)}", raw["texts"][name],
+        ])  # fmt: skip
+    made.append(
+        table(
+            f"Prefill and quality (batch 1; time to first token for {settings['prefill_tokens']} prompt tokens; "
+            f"greedy tokens equal to transformers fp32's before the first difference)",
+            ["system", "TTFT (ms): median (range)", "x transformers: median (range)", "prompt tok/s", "same tokens",
+             "text"],
+            rows,
+        )
+    )  # fmt: skip
+    return made
+
+
+def engine_workload(raw: dict, settings: dict) -> str:
+    """The paragraph above the engine tables: workload, rounds, the bandwidth each round measured and the bound."""
+    bandwidths, fp32_bytes = raw["bandwidths"], raw["fp32_bytes"]
+    if settings["seq2seq"]:
+        workload = (
+            f"source: the first {settings['prompt_length']} tokens of the package's story corpus, "
+            f"{settings['new_tokens']} greedy tokens (end-of-sequence cannot stop them early), the encoder's run "
+            "included"
+        )
+        bound_rule = (
+            f"fp32 = 4 bytes x the parameters a decoder step reads (decoder layers less the cross-attention key and "
+            f"value projections, which run once per sequence; the head shared with the embedding) = "
+            f"{fp32_bytes / 1e6:.0f} MB; 8-bit = 1 byte x the same parameters (scales left out: a slightly high bound)"
+        )
+    else:
+        workload = (
+            f"prompt: the chat template around a fixed question ({settings['prompt_length']} tokens; each row's first "
+            f"token one no earlier row began with, so that no engine's prefix cache holds it), "
+            f"{settings['new_tokens']} greedy tokens; time to first token for a {settings['prefill_tokens']}-token "
+            "prompt"
+        )
+        bound_rule = (
+            f"fp32 = parameters x 4 = {fp32_bytes / 1e6:.0f} MB (the tied head read once); quantized = the size of "
+            f"that system's weight files, less an embedding table stored apart from the head (a Gather reads one "
+            f"row of it per token)"
+        )
+    return (
+        f"CPU, {settings['threads']} threads; {workload}. Each system in a process of its own, {len(bandwidths)} "
+        f"rounds in rotated order; tok/s is the median over rounds with the range over rounds beside it, x "
+        f"transformers the median of per-round ratios (same round) with their range: a difference inside the ranges "
+        f"is noise, not a lead. Weight-read bandwidth, measured each round: "
+        f"{' / '.join(f'{b / 1e9:.1f}' for b in bandwidths)} GB/s (highest {max(bandwidths) / 1e9:.1f}). Bound = "
+        f"batch x bandwidth / bytes read per token: {bound_rule}."
+    )
+
+
+def engine_compute(name: str, runs: list[dict | None], weights: str, described: dict) -> str:
+    """The precision a system's arithmetic ran in: what an engine reported it chose (OpenVINO's
+    INFERENCE_PRECISION_HINT), the OpenVINO route's automatic precision on this CPU, the unquantized precision, or
+    vaswani's quantized kernels (MatMulNBits, int8 activations at the exporter's default accuracy level 4)."""
+    info = next((run["info"] for run in runs if run and run.get("info")), {})
+    if "INFERENCE_PRECISION_HINT" in info:
+        return info["INFERENCE_PRECISION_HINT"].replace("f32", "fp32")
+    if "--engine openvino" in name:
+        return f"{'bf16' if computes_bfloat16(described) else 'fp32'} in OpenVINO's steps"
+    if weights in ("fp32", "bf16"):
+        return weights
+    if name.startswith("vaswani ORT"):
+        return "int8 activations (accuracy level 4)"
+    return "not recorded"
+
+
+def first_difference(tokens: list[int], reference: list[int]) -> int:
+    """How many tokens two greedy outputs share before they first differ."""
+    for index, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return index
+    return min(len(tokens), len(reference))
+
+
+@table_maker("export_memory")
+def export_memory_tables(raw: dict, described: dict) -> list[dict]:
+    """benchmarks/export_memory.py: per run (a label for the code that ran) and precision, the whole `vaswani export`
+    (wall and CPU seconds, the kernel's peak RSS against the float32 weights, the folder's bytes, its outcome), then
+    each stage's start, seconds and sampled peak."""
+    weights, gigabyte = raw["weights_bytes"], 1e9
+    rows = []
+    for label, runs in raw["runs"].items():
+        for precision, run in runs.items():
+            rows.append([
+                label, precision, f"{run['seconds']:.0f} s",
+                f"{run['cpu_seconds']:.0f} s" if "cpu_seconds" in run else "-",
+                f"{run['peak_rss_bytes'] / gigabyte:.2f} GB", f"{run['peak_rss_bytes'] / weights:.2f}x",
+                f"{run['output_bytes'] / gigabyte:.2f} GB" if "output_bytes" in run else "-",
+                run.get("outcome", "written, validated"),
+            ])  # fmt: skip
+    columns = ["code", "precision", "wall time", "CPU time", "peak RSS", "peak / fp32 weights", "folder", "result"]
+    exports = table("Exports", columns, rows)
+    exports["text"] = [
+        f"`{raw['model_description']}`: {weights / 4 / 1e9:.3f}B parameters, {weights / gigabyte:.2f} GB of float32 "
+        "weights. Seeded random weights at a trained model's scales: time and memory do not depend on the values, "
+        "quality is not measured here. Each export is one `vaswani export --model` process, run alone; its peak is "
+        "the kernel's (`ru_maxrss`), each stage's the largest resident set sampled every 50 ms while it ran (file "
+        "pages the process maps, such as the safetensors weights, count as they are read). Targets: peak RSS at "
+        "most 1.5x the float32 weights, an fp32 export within 60 s on 2 cores.",
+        *raw.get("notes", []),
+    ]
+    made = [exports]
+    for label, runs in raw["runs"].items():
+        for precision, run in runs.items():
+            rows = []
+            for stage in run["stages"]:
+                peak = stage["peak_rss_bytes"]
+                shown = [f"{peak / gigabyte:.2f} GB", f"{peak / weights:.2f}x"] if peak else ["-", "-"]
+                text = stage["line"].replace("|", "/")[:110]
+                rows.append([text, f"{stage['start']:.1f} s", f"{stage['seconds']:.1f}", *shown])
+            columns = ["stage (the progress line that starts it)", "starts", "seconds", "peak RSS", "/ fp32 weights"]
+            made.append(table(f"Stages: {precision}, {label}", columns, rows))
+    return made
+
+
+PROFILE_PARTS = ("weight products", "attention", "other nodes", "run overhead", "loop")
+
+
+@table_maker("profile_decode")
+def profile_tables(raw: dict, described: dict) -> list[dict]:
+    """benchmarks/profile_decode.py: per export, each part of a step in microseconds (the median over rounds of each
+    round's median over steps), the step as their sum with the range of the rounds' own sums beside it, and for
+    decode steps the rate the weight products read at."""
+    settings, prompt_step = raw["settings"], raw["settings"]["prompt_step"]
+    rows = []
+    for name, rounds in raw["rounds"].items():
+        medians = {part: statistics.median(summary[part] for summary in rounds) for part in PROFILE_PARTS}
+        totals = [sum(summary[part] for part in PROFILE_PARTS) for summary in rounds]
+        step = f"{sum(medians.values()):.0f}" + (f" ({min(totals):.0f}-{max(totals):.0f})" if len(totals) > 1 else "")
+        cells = [name, step, *(f"{medians[part]:.0f}" for part in PROFILE_PARTS)]
+        if not prompt_step:  # a prompt step computes far more per weight byte than it reads: its read rate says nothing
+            cells.append(spread([summary["GB/s"] for summary in rounds], 1, " GB/s"))
+        rows.append(cells)
+    columns = ["export", "step (range of the rounds' sums)", *PROFILE_PARTS]
+    if not prompt_step:
+        columns.append("weight products read at")
+    made = table("Results", columns, rows)
+    rounds = len(next(iter(raw["rounds"].values())))
+    made["text"] = [
+        f"The prompt step of {settings['prompt']} tokens at batch 1 (time to first token), {settings['threads']} "
+        f"threads; ONNX Runtime's profiler, each export in its own process, {rounds} alternating rounds; "
+        "microseconds, median over rounds."
+        if prompt_step
+        else f"Decode steps at batch 1 after a {settings['prompt']}-token prompt, {settings['new_tokens']} greedy "
+        f"tokens, {settings['threads']} threads; ONNX Runtime's profiler, each export in its own process, {rounds} "
+        f"alternating rounds; microseconds per step, median over steps (the first {settings['skip']} left out), then "
+        "over rounds."
+    ]
+    return [made]
+
+
+@table_maker("side_by_side")
+def side_by_side_tables(raw: dict, described: dict) -> list[dict]:
+    """benchmarks/benchmark.py: per family, each task's median seconds for transformers' model and vaswani's (the
+    script keeps the medians of its alternating repeats, not the repeats), in milliseconds, their ratio, and tokens/s
+    where the task generates."""
+    made = []
+    for title, rows in raw.items():
+        cells = []
+        for row in rows:
+            reference, ours = row["reference_seconds"], row["vaswani_seconds"]
+            cells.append(
+                [f"{row['label']} (ms)", f"{reference * 1e3:.1f}", f"{ours * 1e3:.1f}", f"{ours / reference:.3f}"]
+            )
+            if row["tokens"]:
+                tokens = row["tokens"]
+                cells.append([f"{row['label']} (tokens/s)", f"{tokens / reference:.1f}", f"{tokens / ours:.1f}", ""])
+        made.append(table(title, ["figure", "transformers", "vaswani", "vaswani / transformers"], cells))
+    return made
+
+
+@table_maker("string_reversal")
+def string_reversal_tables(raw: dict, described: dict) -> list[dict]:
+    """examples/train_string_reversal.py: per evaluated string length, the teacher-forced token accuracy and the
+    greedy exact match measured on fresh strings, beside the accuracy the textbook reports for that length."""
+    args, textbook, rows = raw["args"], raw.get("textbook", {}), []
+    for row in raw["per_length"]:
+        length = row["length"]
+        note = "" if args["min_length"] <= length <= args["max_length"] else " (longer than any training string)"
+        reported = textbook.get(str(length))
+        rows.append([
+            f"{length}{note}", f"{100 * row['token_accuracy']:.2f}%", "" if reported is None else f"{reported}%",
+            f"{100 * row['exact_match']:.2f}%",
+        ])  # fmt: skip
+    columns = ["length", "teacher-forced token accuracy", "textbook", "greedy exact match"]
+    return [table("Accuracy by string length", columns, rows)]
+
+
+def computes_its_tables(results: dict) -> bool:
+    """Whether a results dictionary's tables are computed from its raw values (`tables_from`) rather than kept as
+    formatted text (`tables`)."""
+    return "tables_from" in results
+
+
+def results_tables(results: dict) -> list[dict]:
+    """The page's tables: computed from `raw` by the maker its script named, or the text the JSON keeps."""
+    if computes_its_tables(results):
+        return TABLE_MAKERS[results["tables_from"]](results["raw"], results["machine"])
+    return results["tables"]
+
+
 def render(results: dict, json_name: str) -> str:
     """The page's rendered part, from a results dictionary as read back from `json_name`."""
+    again = f"render again with `python benchmarks/results.py docs/results/{json_name}`"
+    if computes_its_tables(results):
+        source = f"raw results: [{json_name}]({json_name}), from which every table figure is computed; {again}"
+    else:
+        source = (
+            f"its report: [{json_name}]({json_name}), which keeps these tables as the run's formatted text, not "
+            f"computed from raw values; {again}"
+        )
     parts = [
         f"# {results['title']}",
-        f"Made by `{results['command']}` (raw results: [{json_name}]({json_name}); render again with "
-        f"`python benchmarks/results.py docs/results/{json_name}`).",
+        f"Made by `{results['command']}` ({source}).",
         f"Machine: {describe_machine(results['machine'])}",
         *results.get("notes", []),
-        *(render_table(rendered) for rendered in results["tables"]),
+        *(render_table(rendered) for rendered in results_tables(results)),
         *results.get("after", []),
-        RENDERED_END,
+        RENDERED_END if computes_its_tables(results) else TEXT_END,
     ]
     return "\n\n".join(parts) + "\n"
 
@@ -153,14 +533,23 @@ def from_markdown(report: str, raw, threads: int | None, shared: bool = True) ->
 
 def publish_report(report: str, json_path: Path, markdown_path: Path | None, raw, threads: int | None) -> str:
     """`write` for a script that makes a Markdown report: its results and tables as JSON in `json_path`, and the
-    page rendered from that JSON in `markdown_path` (the page every docs/results/*.md is)."""
+    page rendered from that JSON in `markdown_path`. The tables are the report's text, and the page says so
+    (`TEXT_END`): a script whose figures should be computed from raw values names a table maker instead."""
     return write(from_markdown(report, raw, threads), json_path, markdown_path)
 
 
 def rendered_part(page_text: str) -> str:
     """A page's text up to and including the rendered part's end marker ("" when it has none)."""
-    head, marker, _ = page_text.partition(RENDERED_END)
-    return head + marker + "\n" if marker else ""
+    for end in (RENDERED_END, TEXT_END):
+        head, marker, _ = page_text.partition(end)
+        if marker:
+            return head + marker + "\n"
+    return ""
+
+
+def hand_written_part(page_text: str) -> str:
+    """What a page says after its rendered part (kept when the page is rendered again)."""
+    return page_text[len(rendered_part(page_text)) :] if rendered_part(page_text) else ""
 
 
 def write(results: dict, json_path: Path, markdown_path: Path | None = None) -> str:
@@ -171,8 +560,8 @@ def write(results: dict, json_path: Path, markdown_path: Path | None = None) -> 
     page = render(json.loads(json_path.read_text()), json_path.name)
     if markdown_path is not None:
         markdown_path = Path(markdown_path)
-        kept = markdown_path.read_text().partition(RENDERED_END)[2] if markdown_path.is_file() else ""
-        markdown_path.write_text(page + kept.removeprefix("\n"))
+        kept = hand_written_part(markdown_path.read_text()) if markdown_path.is_file() else ""
+        markdown_path.write_text(page + kept)
     return page
 
 
@@ -183,8 +572,8 @@ def main() -> None:
     args = parser.parse_args()
     results = json.loads(args.json.read_text())
     if args.output:
-        kept = args.output.read_text().partition(RENDERED_END)[2] if args.output.is_file() else ""
-        args.output.write_text(render(results, args.json.name) + kept.removeprefix("\n"))
+        kept = hand_written_part(args.output.read_text()) if args.output.is_file() else ""
+        args.output.write_text(render(results, args.json.name) + kept)
     else:
         print(render(results, args.json.name), end="")
 

@@ -221,25 +221,22 @@ def save_cross_attention(model: VaswaniForConditionalGeneration, text: str, path
 
 
 COLUMNS = ["length", "teacher-forced token accuracy", "textbook", "greedy exact match"]
-TEXTBOOK = {3: "100%", 5: "100%", 7: "100%", 10: "100%", 15: "8%"}
+# The textbook's token accuracy (%) per string length: the reference the results page sets beside ours.
+TEXTBOOK = {"3": 100, "5": 100, "7": 100, "10": 100, "15": 8}
 
 
 def length_rows(results: dict) -> list[list[str]]:
-    """The table's cells per evaluated length, beside the textbook's figure."""
-    args, rows = results["args"], []
-    for row in results["per_length"]:
-        note = "" if args["min_length"] <= row["length"] <= args["max_length"] else " (longer than any training string)"
-        rows.append(
-            [f"{row['length']}{note}", f"{100 * row['token_accuracy']:.2f}%", TEXTBOOK.get(row["length"], ""),
-             f"{100 * row['exact_match']:.2f}%"]
-        )  # fmt: skip
-    return rows
+    """The table's cells per evaluated length, beside the textbook's figure (results.string_reversal_tables)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from results import TABLE_MAKERS  # benchmarks/results.py
+
+    return TABLE_MAKERS["string_reversal"]({"textbook": TEXTBOOK, **results}, {})[0]["rows"]
 
 
 def publish(results: dict, json_path: Path) -> None:
     """The results page (docs/results/NAME.md) rendered from the JSON written beside it, with the machine."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from results import machine, table, write  # benchmarks/results.py
+    from results import machine, write  # benchmarks/results.py
 
     args = results["args"]
     page = {
@@ -259,8 +256,9 @@ def publish(results: dict, json_path: Path) -> None:
             f"{args['learning_rate']}, cosine decay, batch {args['batch_size']}, seed {args['seed']}; "
             f"{results['train_strings']:,} fresh training strings, each seen once.",
         ],
-        "tables": [table("Accuracy by string length", COLUMNS, length_rows(results))],
-        "raw": results,
+        # The page's table is computed from these results when it is rendered (results.string_reversal_tables).
+        "tables_from": "string_reversal",
+        "raw": {"textbook": TEXTBOOK, **results},
     }
     write(page, json_path, json_path.with_suffix(".md"))
 
