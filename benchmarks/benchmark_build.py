@@ -16,14 +16,13 @@ import argparse
 import filecmp
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark_export import cpu_name  # noqa: E402
+from results import command_line, machine, render, write  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PRECISIONS = {"fp32": [], "int8": ["--quantize", "int8"], "int4": ["--quantize", "int4"]}
@@ -64,6 +63,9 @@ def build_one_process(hf: Path, work: Path, options: list[str]) -> tuple[Path, d
     return output, {"total": export, "export": export, "exit": export_exit}
 
 
+TITLE = "Build time: `vaswani convert` + `vaswani export` against `vaswani export --model HF_DIR`"
+
+
 def remove_builds(work: Path) -> None:
     for name in BUILD_FOLDERS:
         shutil.rmtree(work / name, ignore_errors=True)
@@ -74,44 +76,19 @@ def same_graphs(first: Path, second: Path) -> bool:
     return bool(names) and all(filecmp.cmp(first / name, second / name, shallow=False) for name in names)
 
 
-def _spread(values: list[float]) -> str:
-    """`median (min-max)` in seconds."""
-    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
-
-
-def render(hf: Path, rounds: int, runs: dict, identical: dict, load: tuple[float, float]) -> str:
-    command = " ".join(["python benchmarks/benchmark_build.py", *sys.argv[1:]])
-    lines = [
-        "# Build time: `vaswani convert` + `vaswani export` against `vaswani export --model HF_DIR`",
-        "",
-        f"`{command}` on {hf} ({cpu_name()}, {os.cpu_count()} cores); every command in a "
-        f"fresh process, the two ways alternating, {rounds} round(s). Load average {load[0]:.1f} at the start and "
-        f"{load[1]:.1f} at the end (1-minute): a shared machine inflates every figure. Seconds, wall clock, median "
-        "(min-max).",
-        "",
-        "| precision | two commands | convert | export | one process | saved | graphs identical |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for precision, ways in runs.items():
-        two, one = ways["two commands"], ways["one process"]
-        saved = [a - b for a, b in zip(two["total"], one["total"])]
-        lines.append(
-            f"| {precision} | {_spread(two['total'])} | {_spread(two['convert'])} | {_spread(two['export'])} | "
-            f"{_spread(one['total'])} | {_spread(saved)} | {'yes' if all(identical[precision]) else 'NO'} |"
-        )
-    exits = {way: [value for ways in runs.values() for value in ways[way]["exit"]] for way in WAYS}
-    lines += [
-        "",
+def results(hf: Path, rounds: int, runs: dict, identical: dict, load: tuple[float, float]) -> dict:
+    """The page's results: the rounds' seconds, whose tables benchmarks/results.py computes (build_time_tables)."""
+    after = [
         "- two commands: `vaswani convert --from HF_DIR --to VASWANI_DIR` (load, convert, save safetensors, load "
         "back, parity check with greedy generation, tokenizer), then `vaswani export --model VASWANI_DIR`; one "
         "process: `vaswani export --model HF_DIR` (load, convert in memory sharing the weights, parity check on a "
-        "left-padded batch, tokenizer).",
-        "- Seconds from each build's last line of output to its processes' exit (interpreter teardown; `vaswani "
-        "convert` still tears down, `vaswani export` leaves with `os._exit`): two commands "
-        f"{_spread(exits['two commands'])}, one process {_spread(exits['one process'])}.",
-        "- graphs identical: `model.onnx` and its weights byte for byte, both ways, every round.",
+        "left-padded batch, tokenizer).\n"
+        "- exit: interpreter teardown; `vaswani convert` still tears down, `vaswani export` leaves with `os._exit`.\n"
+        "- graphs identical: `model.onnx` and its weights byte for byte, both ways, every round."
     ]
-    return "\n".join(lines)
+    settings = {"hf": str(hf), "rounds": rounds, "load_average": list(load)}
+    return {"title": TITLE, "command": command_line(), "machine": machine(threads=None), "after": after,
+            "tables_from": "build_time", "raw": {"runs": runs, "graphs_identical": identical, "settings": settings}}  # fmt: skip
 
 
 def main() -> None:
@@ -148,16 +125,13 @@ def main() -> None:
                 print(f"round {round_ + 1}/{args.rounds} {precision} {way}: {figures}", file=sys.stderr, flush=True)
             identical[precision].append(same_graphs(*outputs.values()))
             remove_builds(work)
-    table = render(args.hf, args.rounds, runs, identical, (load_before[0], os.getloadavg()[0]))
-    print(table)
+    page = results(args.hf, args.rounds, runs, identical, (load_before[0], os.getloadavg()[0]))
+    print(render(page, args.json.name if args.json else "build_time.json"))
     if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from results import publish_report
-
-        publish_report(table, args.json, args.markdown, {"runs": runs, "graphs_identical": identical}, None)
+        write(page, args.json, args.markdown)
     elif args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(table + "\n")
+        args.markdown.write_text(render(page, "build_time.json"))
 
 
 if __name__ == "__main__":

@@ -458,6 +458,35 @@ def string_reversal_tables(raw: dict, described: dict) -> list[dict]:
     return [table("Accuracy by string length", columns, rows)]
 
 
+@table_maker("build_time")
+def build_time_tables(raw: dict, described: dict) -> list[dict]:
+    """benchmarks/benchmark_build.py: per precision, the seconds of the two ways to build an export (two commands,
+    convert then export, against one `vaswani export --model HF_DIR`) and of their parts, each the median with the
+    range over rounds; what one process saves, round by round; whether both ways wrote the same graph every round;
+    then the seconds each way's processes took to exit after their last line of output."""
+    settings, rows = raw["settings"], []
+    for precision, ways in raw["runs"].items():
+        two, one = ways["two commands"], ways["one process"]
+        saved = [a - b for a, b in zip(two["total"], one["total"])]
+        identical = "yes" if all(raw["graphs_identical"][precision]) else "NO"
+        rows.append([precision, *(spread(values) for values in (two["total"], two["convert"], two["export"])),
+                     spread(one["total"]), spread(saved), identical])  # fmt: skip
+    columns = ["precision", "two commands", "convert", "export", "one process", "saved", "graphs identical"]
+    seconds = table("Seconds, wall clock: median (range over rounds)", columns, rows)
+    start, end = settings["load_average"]
+    seconds["text"] = [
+        f"Every command in a fresh process, the two ways alternating, {settings['rounds']} round(s), on "
+        f"{settings['hf']}. Load average {start:.1f} at the start and {end:.1f} at the end (1-minute): a shared "
+        "machine inflates every figure.",
+    ]
+    exits = [[way, spread([value for ways in raw["runs"].values() for value in ways[way]["exit"]])]
+             for way in ("two commands", "one process")]  # fmt: skip
+    exit_table = table(
+        "Seconds from each build's last line of output to its processes' exit", ["way", "seconds"], exits
+    )
+    return [seconds, exit_table]
+
+
 def computes_its_tables(results: dict) -> bool:
     """Whether a results dictionary's tables are computed from its raw values (`tables_from`) rather than kept as
     formatted text (`tables`)."""

@@ -32,7 +32,6 @@ CSV_SOURCED = {"extrapolation.md": "examples/extrapolation_study.py"}
 TEXT_TABLE_PAGES = {
     "benchmark_gpu.md": "benchmarks/benchmark_gpu.py",
     "benchmark_serve_mixed_cpu.md": "benchmarks/benchmark_serve_mixed.py",
-    "build_time.md": "benchmarks/benchmark_build.py",
     "quantized_validation.md": "benchmarks/quantized_validation_bounds.py",
 }
 # README-quoted pages whose scripts another change is converting; each leaves this list when its page computes its
@@ -282,6 +281,17 @@ def test_the_side_by_side_and_reversal_tables_are_computed_from_their_raw_values
     for cells, row in zip(made["rows"], results["raw"]["per_length"], strict=True):
         assert float(cells[1].rstrip("%")) == round(100 * row["token_accuracy"], 2)
         assert float(cells[3].rstrip("%")) == round(100 * row["exact_match"], 2)
+
+
+def test_the_build_time_table_is_the_medians_and_ranges_of_the_rounds() -> None:
+    """Each way's seconds are the median of its rounds with their range; "saved" is computed round by round."""
+    results = results_of("build_time.json")
+    seconds = TABLE_MAKERS["build_time"](results["raw"], results["machine"])[0]
+    for row, (precision, ways) in zip(seconds["rows"], results["raw"]["runs"].items(), strict=True):
+        two, one = ways["two commands"]["total"], ways["one process"]["total"]
+        saved = [a - b for a, b in zip(two, one)]
+        assert row[0] == precision and leading_figure(row[1]) == round(statistics.median(two), 1)
+        assert cell_range(row[5]) == (round(min(saved), 1), round(max(saved), 1))
 
 
 def test_spread_shows_the_median_and_the_range_over_rounds() -> None:
