@@ -410,22 +410,30 @@ def report(results: dict, args, command: str) -> str:
 
 
 def publish(results: dict, args, command: str) -> None:
-    """--json with --markdown: the page rendered from the JSON (benchmarks/results.py), tables beside `meta`, `runs`."""
+    """--json with --markdown: the page rendered from the JSON (benchmarks/results.py), whose table is computed from
+    `meta` and `runs` (results.serve_mixed_tables); the report's paragraphs are its notes."""
     from results import CPU_FLAGS, from_markdown, write
+
     meta, found = results["meta"], results["meta"]["machine"]
-    page = {**from_markdown(report(results, args, command), None, args.threads), "command": command}
-    page["machine"] = {
+    page = from_markdown(report(results, args, command), None, args.threads)
+    machine = {
         "cpu": {"model": found.get("cpu", "?"), "flags": {flag: flag in found.get("flags", []) for flag in CPU_FLAGS}},
-        "cores": found["cores"], "threads": args.threads, "shared": False, "date": meta["date"],
+        "cores": found["cores"],
+        "threads": args.threads,
+        "shared": False,
+        "date": meta["date"],
         "versions": meta["versions"],
     }  # fmt: skip  (the report states the load; its "Produced by" is the header's "Made by" now)
-    first = page["tables"][0]
-    first["text"] = [
+    notes = [
         f"Run time: {t.rpartition(', ')[2]}" if t.startswith("Produced by `") else t.replace("Machine", "Platform", 1)
-        for t in first["text"]
+        for t in page["tables"][0]["text"]
     ]
-    del page["raw"]
-    write({**page, "meta": meta, "runs": results["runs"]}, Path(args.json), Path(args.markdown))
+    write(
+        {"title": page["title"], "command": command, "machine": machine, "notes": notes, "tables_from": "serve_mixed",
+         "after": page["after"], "raw": {"meta": meta, "runs": results["runs"]}},
+        Path(args.json),
+        Path(args.markdown),
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -453,7 +461,9 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=16, help="sequences a server runs at once")
     parser.add_argument("--ctx-per-slot", type=int, default=512, help="context per sequence (llama.cpp, vLLM)")
     parser.add_argument("--work-dir", default="/tmp/smol", help="models and exports (made where missing)")
-    parser.add_argument("--venvs", default="/work/venvs/serve-engines", help="benchmarks/serve_engines/setup.sh's folder")
+    parser.add_argument(
+        "--venvs", default="/work/venvs/serve-engines", help="benchmarks/serve_engines/setup.sh's folder"
+    )
     parser.add_argument(
         "--export-flags", default="", help="extra `vaswani export` flags for int8/int4, e.g. '--attention portable'"
     )
@@ -468,7 +478,8 @@ def main() -> None:
     parser.add_argument("--render", action="store_true", help="render --markdown from --json again; run nothing")
     args = parser.parse_args()
     if args.render:
-        results = json.loads(Path(args.json).read_text())
+        stored = json.loads(Path(args.json).read_text())
+        results = stored.get("raw", stored)  # measurements sit under "raw" since the table is computed from them
         recorded = argparse.Namespace(**{**results["meta"]["args"], "json": args.json, "markdown": args.markdown})
         recorded.rates = [float(rate) for rate in recorded.rates.strip("[]").split(",")]
         return publish(results, recorded, results["meta"]["command"])
@@ -513,7 +524,8 @@ def main() -> None:
     }
     engines = [engine for engine in args.engines if engine not in skipped]
     if args.update and args.json and Path(args.json).is_file():
-        previous = json.loads(Path(args.json).read_text())
+        stored = json.loads(Path(args.json).read_text())
+        previous = stored.get("raw", stored)
         results["runs"] = [run for run in previous["runs"] if run["engine"] not in args.engines]
         kept = {run["engine"] for run in results["runs"]}
         results["meta"]["skipped"] = {

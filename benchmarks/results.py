@@ -487,6 +487,39 @@ def build_time_tables(raw: dict, described: dict) -> list[dict]:
     return [seconds, exit_table]
 
 
+@table_maker("serve_mixed")
+def serve_mixed_tables(raw: dict, described: dict) -> list[dict]:
+    """benchmarks/benchmark_serve_mixed.py: per request rate and server, the medians over rounds of each round's
+    summary (output throughput with its range over rounds, request throughput, time to first token, inter-token
+    latency and time per output token percentiles), and the failed requests of every round together."""
+
+    def median_of(summaries: list[dict], *keys: str) -> float:
+        values = []
+        for value in summaries:
+            for key in keys:
+                value = value.get(key) if isinstance(value, dict) else None
+            if isinstance(value, (int, float)) and value == value:
+                values.append(value)
+        return statistics.median(values) if values else float("nan")
+
+    arguments, rows = raw["meta"]["args"], []
+    for rate in json.loads(str(arguments["rates"]).replace("inf", "Infinity")):
+        for engine in arguments["engines"]:
+            runs = [run["summary"] for run in raw["runs"] if run["engine"] == engine and run["rate"] == str(rate)]
+            if not runs:
+                continue
+            rows.append([
+                str(rate), engine, spread([run.get("output_throughput") for run in runs]),
+                f"{median_of(runs, 'request_throughput'):.2f}", f"{median_of(runs, 'ttft_ms', 'p50'):.0f}",
+                f"{median_of(runs, 'ttft_ms', 'p95'):.0f}", f"{median_of(runs, 'itl_ms', 'p50'):.1f}",
+                f"{median_of(runs, 'itl_ms', 'p95'):.1f}", f"{median_of(runs, 'tpot_ms', 'p50'):.1f}",
+                str(sum(run["failed"] for run in runs)),
+            ])  # fmt: skip
+    columns = ["rate (req/s)", "server", "output tok/s: median (range)", "req/s", "TTFT p50 ms", "TTFT p95 ms"]
+    columns += ["ITL p50 ms", "ITL p95 ms", "TPOT p50 ms", "failed"]
+    return [table("Results", columns, rows)]
+
+
 def computes_its_tables(results: dict) -> bool:
     """Whether a results dictionary's tables are computed from its raw values (`tables_from`) rather than kept as
     formatted text (`tables`)."""

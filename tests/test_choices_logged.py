@@ -1,8 +1,8 @@
 """Choices made on a user's behalf are never silent: `--engine auto` falling back to ONNX Runtime, an export tracing
 every layer where stamping was refused or failed, and an export keeping the portable attention graph where the
-GroupQueryAttention form was asked for, each logs through the `logging` module (a warning where a failure caused
-it) and, for an export, is listed in the manifest's `decisions`, with `progress` left unset as the Python API's
-callers leave it."""
+GroupQueryAttention form was asked for, and an int4 export's default 8-bit budget dropped, each logs through the
+`logging` module (a warning where a failure caused it) and, for an export, is listed in the manifest's `decisions`,
+with `progress` left unset as the Python API's callers leave it."""
 
 import logging
 import sys
@@ -20,6 +20,7 @@ from vaswani import VaswaniForCausalLM  # noqa: E402
 from vaswani.conversion.onnx import export as export_module  # noqa: E402
 from vaswani.conversion.onnx import export_onnx, ort_llm  # noqa: E402
 from vaswani.conversion.onnx.openvino_engine import chosen_engine  # noqa: E402
+from vaswani.conversion.onnx.sensitivity import DEFAULT_EIGHT_BIT_BUDGET  # noqa: E402
 
 EXPORT_LOGGER = "vaswani.conversion.onnx.export"
 ATTENTION_LOGGER = "vaswani.conversion.onnx.ort_llm"
@@ -128,3 +129,19 @@ def test_an_engine_named_outright_is_no_choice_and_logs_nothing(caplog):
     caplog.set_level(logging.INFO, logger=ENGINE_LOGGER)
     assert chosen_engine("onnxruntime", PORTABLE_DECODER, "CPUExecutionProvider") == "onnxruntime"
     assert not records_of(caplog, ENGINE_LOGGER)
+
+
+def test_the_default_int4_budget_dropped_for_want_of_a_tokenizer_is_a_warning_and_recorded(tmp_path, caplog):
+    """The default 8-bit budget ranks matrices on calibration text; a model saved without its tokenizer cannot be
+    scored, so every body matrix stays 4-bit: a lossier export than the documented default, which must not pass
+    unheard."""
+    model = build_model(VaswaniForCausalLM, tiny_decoder_config(num_hidden_layers=1))
+    model.save_pretrained(tmp_path / "model")  # no tokenizer beside it
+    caplog.set_level(logging.INFO, logger="vaswani.conversion.onnx.sensitivity")
+    result = export_onnx(tmp_path / "model", tmp_path / "out", quantize="int4", validate=False)
+    [record] = records_of(caplog, "vaswani.conversion.onnx.sensitivity")
+    assert record.levelno == logging.WARNING and "there is no tokenizer beside the model" in record.getMessage()
+    [decision] = [decision for decision in result.manifest["decisions"] if decision["subject"] == "int4 8-bit budget"]
+    assert decision["chosen"] == "0"
+    assert decision["instead_of"] == f"{DEFAULT_EIGHT_BIT_BUDGET} (the default)"
+    assert result.manifest["quantization_options"]["eight_bit_budget"] == 0

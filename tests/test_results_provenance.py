@@ -31,7 +31,6 @@ CSV_SOURCED = {"extrapolation.md": "examples/extrapolation_study.py"}
 # script a table maker in benchmarks/results.py and writing `tables_from` and raw values instead of `tables`.
 TEXT_TABLE_PAGES = {
     "benchmark_gpu.md": "benchmarks/benchmark_gpu.py",
-    "benchmark_serve_mixed_cpu.md": "benchmarks/benchmark_serve_mixed.py",
     "quantized_validation.md": "benchmarks/quantized_validation_bounds.py",
 }
 # README-quoted pages whose scripts another change is converting; each leaves this list when its page computes its
@@ -292,6 +291,18 @@ def test_the_build_time_table_is_the_medians_and_ranges_of_the_rounds() -> None:
         saved = [a - b for a, b in zip(two, one)]
         assert row[0] == precision and leading_figure(row[1]) == round(statistics.median(two), 1)
         assert cell_range(row[5]) == (round(min(saved), 1), round(max(saved), 1))
+
+
+def test_the_serving_table_is_the_medians_of_the_rounds_summaries() -> None:
+    """Each server's output throughput at each rate is the median of its rounds' summaries, with their range."""
+    results = results_of("benchmark_serve_mixed_cpu.json")
+    (made,) = TABLE_MAKERS["serve_mixed"](results["raw"], results["machine"])
+    for row in made["rows"]:
+        runs = [run["summary"] for run in results["raw"]["runs"] if [run["rate"], run["engine"]] == row[:2]]
+        rates = [run["output_throughput"] for run in runs]
+        assert leading_figure(row[2]) == round(statistics.median(rates), 1)
+        assert cell_range(row[2]) == (round(min(rates), 1), round(max(rates), 1))
+        assert row[9] == str(sum(run["failed"] for run in runs))
 
 
 def test_spread_shows_the_median_and_the_range_over_rounds() -> None:

@@ -373,6 +373,7 @@ def export_onnx(
         export_model = cast_model(module, DTYPES[dtype], device)
     family = family_of(module.config)
     row_scores = input_mean_squares = None
+    decisions: list[Decision] = []  # made on the caller's behalf, for the manifest
     if quantization is not None and quantization.bits == 4 and quantization.eight_bit_budget > 0:
         calibration = export_row_scores(
             export_model,
@@ -385,11 +386,13 @@ def export_onnx(
             symmetric=quantization.symmetric,
         )
         if calibration is None:  # the default budget could not be spent: the manifest says 0, as the graph is
+            why = "no calibration text could be scored: no output head, no tokenizer, or ids outside the vocabulary"
+            # export_row_scores logged which, as a warning.
+            decisions.append(Decision("int4 8-bit budget", "0", f"{quantization.eight_bit_budget} (the default)", why))
             quantization = replace(quantization, eight_bit_budget=0.0)
         else:
             row_scores, input_mean_squares = calibration
     form = {"attention_form": "portable"}
-    decisions: list[Decision] = []  # made on the caller's behalf, for the manifest
 
     with staged_folder(output_dir) as staging:
         with _TORCH_GLOBALS:

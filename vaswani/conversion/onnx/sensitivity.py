@@ -18,6 +18,7 @@ fused (q/k/v, gate/up) or transposed ONNX weight finds the rows it holds:
     >>> eight_bit = choose_eight_bit_matmuls(onnx_model, scores, budget=0.3, candidates=names, read=weights.array)
 """
 
+import logging
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,6 +38,8 @@ SCORING_WINDOW = 128
 SCORING_SLICE_ELEMENTS = 2**17  # weights per slice when the scores are summed
 # The default budget: a fraction of the 4-bit weights' bytes spent on 8-bit copies of the most sensitive matrices.
 DEFAULT_EIGHT_BIT_BUDGET = 0.3
+
+logger = logging.getLogger(__name__)
 
 
 def rounding_error(weight: torch.Tensor, bits: int, block_size: int, symmetric: bool) -> torch.Tensor:
@@ -226,6 +229,7 @@ def export_row_scores(
                 f"folder with its tokenizer files, or pass int4_8bit_budget=0 (every body matrix in 4 bits)."
             )
         say(f"int4: no 8-bit budget, every body matrix stays 4-bit ({reason})")
+        logger.warning("int4: no 8-bit budget, every body matrix stays 4-bit (%s)", reason)
 
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None:
