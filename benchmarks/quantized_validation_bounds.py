@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 import torch
 from onnx import numpy_helper
-from results import machine, table, write  # benchmarks/results.py
+from results import machine, write  # benchmarks/results.py
 
 from vaswani import (
     VaswaniDecoderConfig,
@@ -127,46 +127,8 @@ def run(models: dict[str, Path | torch.nn.Module], work: Path) -> list[dict]:
     return results
 
 
-def worst(rows: list[dict]) -> tuple[str, str, str]:
-    """(largest relative RMS with its output, lowest cosine, lowest top-1 agreement) over `rows`, as text."""
-    if not rows:
-        return "", "", ""
-    largest = max(rows, key=lambda row: row["relative_rms"])
-    top1 = [row["top1"] for row in rows if row["top1"] is not None]
-    return (
-        f"{largest['relative_rms']:.4f} ({largest['output'].split('/')[-1]})",
-        f"{min(row['cosine'] for row in rows):.5f}",
-        f"{min(top1):.3f}" if top1 else "",
-    )
-
-
-COLUMNS = [
-    "model",
-    "quantization",
-    "graph",
-    "logits rel. RMS",
-    "logits cosine",
-    "top-1",
-    "states rel. RMS (worst)",
-    "states cosine",
-]
-
-
-def table_rows(results: list[dict]) -> list[list[str]]:
-    rows = []
-    for entry in results:
-        logits = [row for row in entry["rows"] if row["output"].endswith("/logits")]
-        states = [row for row in entry["rows"] if not row["output"].endswith("/logits")]
-        (logits_rms, logits_cosine, top1), (states_rms, states_cosine, _) = worst(logits), worst(states)
-        rows.append(
-            [entry["model"], entry["quantization"], entry["graph"], logits_rms.split(" ")[0], logits_cosine, top1]
-            + [states_rms, states_cosine]
-        )
-    return rows
-
-
 def results_page(measured: list[dict], command: str, described: dict | None) -> dict:
-    """The page's results: the measurements as `raw` and the table made from them."""
+    """The page's results: the measurements as `raw`, from which benchmarks/results.py computes the table."""
     return {
         "title": "Quantized validation: honest exports against corrupted ones",
         "command": command,
@@ -178,7 +140,8 @@ def results_page(measured: list[dict], command: str, described: dict | None) -> 
             "in `vaswani/conversion/onnx/validation.py` (`QUANTIZED_BOUNDS`, and docs/deployment.md) sit between the "
             "honest rows and the corrupted ones."
         ],
-        "tables": [table("Honest and corrupted exports", COLUMNS, table_rows(measured))],
+        # The table is computed from these measurements when the page is rendered (results.quantized_validation_tables).
+        "tables_from": "quantized_validation",
         "raw": measured,
     }
 

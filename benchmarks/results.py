@@ -520,6 +520,35 @@ def serve_mixed_tables(raw: dict, described: dict) -> list[dict]:
     return [table("Results", columns, rows)]
 
 
+@table_maker("quantized_validation")
+def quantized_validation_tables(raw: list[dict], described: dict) -> list[dict]:
+    """benchmarks/quantized_validation_bounds.py: per export (model, quantization, honest or corrupted graph), the
+    logits' largest relative RMS error, lowest cosine and lowest top-1 agreement over the validation cases, then the
+    states' (caches, encoder outputs) largest relative RMS with the output it belongs to, and lowest cosine."""
+
+    def worst(rows: list[dict]) -> tuple[str, str, str]:
+        if not rows:
+            return "", "", ""
+        largest = max(rows, key=lambda row: row["relative_rms"])
+        top1 = [row["top1"] for row in rows if row["top1"] is not None]
+        return (
+            f"{largest['relative_rms']:.4f} ({largest['output'].split('/')[-1]})",
+            f"{min(row['cosine'] for row in rows):.5f}",
+            f"{min(top1):.3f}" if top1 else "",
+        )
+
+    rows = []
+    for entry in raw:
+        logits = [row for row in entry["rows"] if row["output"].endswith("/logits")]
+        states = [row for row in entry["rows"] if not row["output"].endswith("/logits")]
+        (logits_rms, logits_cosine, top1), (states_rms, states_cosine, _) = worst(logits), worst(states)
+        rows.append([entry["model"], entry["quantization"], entry["graph"], logits_rms.split(" ")[0], logits_cosine,
+                     top1, states_rms, states_cosine])  # fmt: skip
+    columns = ["model", "quantization", "graph", "logits rel. RMS", "logits cosine", "top-1"]
+    columns += ["states rel. RMS (worst)", "states cosine"]
+    return [table("Honest and corrupted exports", columns, rows)]
+
+
 def computes_its_tables(results: dict) -> bool:
     """Whether a results dictionary's tables are computed from its raw values (`tables_from`) rather than kept as
     formatted text (`tables`)."""

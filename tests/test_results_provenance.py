@@ -31,7 +31,6 @@ CSV_SOURCED = {"extrapolation.md": "examples/extrapolation_study.py"}
 # script a table maker in benchmarks/results.py and writing `tables_from` and raw values instead of `tables`.
 TEXT_TABLE_PAGES = {
     "benchmark_gpu.md": "benchmarks/benchmark_gpu.py",
-    "quantized_validation.md": "benchmarks/quantized_validation_bounds.py",
 }
 # README-quoted pages whose scripts another change is converting; each leaves this list when its page computes its
 # tables (the int4 domains page is being measured again with held-out texts; the 1B bound page with a bandwidth
@@ -303,6 +302,20 @@ def test_the_serving_table_is_the_medians_of_the_rounds_summaries() -> None:
         assert leading_figure(row[2]) == round(statistics.median(rates), 1)
         assert cell_range(row[2]) == (round(min(rates), 1), round(max(rates), 1))
         assert row[9] == str(sum(run["failed"] for run in runs))
+
+
+def test_the_quantized_validation_table_is_the_worst_of_each_exports_outputs() -> None:
+    """Each export's logits column is the largest relative RMS error over its logits outputs, its states column the
+    largest over the other outputs, named."""
+    results = results_of("quantized_validation.json")
+    (made,) = TABLE_MAKERS["quantized_validation"](results["raw"], results["machine"])
+    for row, entry in zip(made["rows"], results["raw"], strict=True):
+        logits = [out["relative_rms"] for out in entry["rows"] if out["output"].endswith("/logits")]
+        states = [out for out in entry["rows"] if not out["output"].endswith("/logits")]
+        assert float(row[3]) == round(max(logits), 4)
+        if states:
+            largest = max(states, key=lambda out: out["relative_rms"])
+            assert row[6] == f"{round(largest['relative_rms'], 4):.4f} ({largest['output'].split('/')[-1]})"
 
 
 def test_spread_shows_the_median_and_the_range_over_rounds() -> None:
