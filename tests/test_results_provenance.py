@@ -563,7 +563,7 @@ def test_the_figure_check_finds_a_figure_quoted_from_a_figureless_page() -> None
 QUOTED_NUMBER = re.compile(
     r"(?<![\w.])(?<![A-Za-z0-9]-)(\d+(?:,\d{3})*(?:\.\d+)?)(?:[-–](\d+(?:,\d{3})*(?:\.\d+)?))?(?=[x%×]?(?!\w))"
 )
-CITED_RESULTS = re.compile(r"\]\((?:[\w./-]*/)?results/([\w.-]+\.(?:md|json))\)")
+CITED_RESULTS = re.compile(r"\]\((?:[\w./-]*/)?results/([\w.-]+\.(?:md|json|log))\)")  # a page, its JSON, a run's log
 # Numbers of README sentences that cite results but are not figures of those results, each with why. Matched as
 # the phrase around the number, so that a figure elsewhere in the same sentence is still checked.
 NOT_FIGURES = {
