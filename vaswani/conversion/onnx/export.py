@@ -52,13 +52,14 @@ from .contract import (
 from .decoder_attention import fuse_decoder_attention_file
 from .formulations import LLM_OPSET, exporting_formulations, fuse_sibling_matmuls
 from .int4 import CALIBRATION_WINDOW, calibrate, calibration_windows
+from .matmul_check import quantized_matmul_errors, record_graphs
 from .ort_llm import attention_form_plan, rewrite_decoder_attention
 from .postprocess import optimize_graph, quantization_format, quantize_graph
 from .references import pytorch_references
 from .sensitivity import export_row_scores
 from .stamping import TEMPLATE_LAYERS, StampingRefused, stamped_graphs, stamping_depths
 from .tasks import GENERATION_TASKS, cast_model, family_of, infer_task, load_for_task, task_model
-from .validation import ValidationReport, validate_onnx_export
+from .validation import ROUNDING_NOISE, ValidationReport, validate_onnx_export
 from .wrappers import build_graph_specs
 
 DEVICES = ("cpu", "cuda")
@@ -411,13 +412,14 @@ def export_onnx(
         references = None
         if validate:
             say("Running PyTorch's side of validation")
-            references = pytorch_references(export_model, task, dtype, device, family)
+            noise = ROUNDING_NOISE[quantization.name] if quantization is not None else None
+            references = pytorch_references(export_model, task, dtype, device, family, rounding_noise=noise)
         if source is not None and not (references and references.models):
             # The model is this export's own and nothing below reads its weights (a decoder's validation ran PyTorch
             # already): without it, ONNX Runtime's copy of the weights is the only one in memory.
             _free_weights(model, module, export_model)
 
-        def write_manifest_and_validate(stage_quantization) -> ValidationReport | None:
+        def write_manifest_and_validate(stage_quantization, matmul_errors=None) -> ValidationReport | None:
             manifest = build_manifest(
                 task=task,
                 family=family,
@@ -446,7 +448,10 @@ def export_onnx(
                 return None
             say(f"Validating {stage_quantization.name if stage_quantization else dtype} graphs against PyTorch")
             report = validate_onnx_export(
-                staging, tolerance=tolerance if stage_quantization is quantization else None, references=references
+                staging,
+                tolerance=tolerance if stage_quantization is quantization else None,
+                references=references,
+                matmul_errors=matmul_errors,
             )
             manifest["validation"] = report.to_json()
             write_manifest(staging, manifest)
@@ -455,6 +460,12 @@ def export_onnx(
         if quantization is not None:
             # The float graph first: its tight tolerance catches export defects that quantization error would hide.
             write_manifest_and_validate(None)
+        recordings, matmul_errors = {}, []
+        if quantization is not None and validate:
+            # Each quantized matrix is judged on the float graph's own activations (`matmul_check.py`): recorded now,
+            # while the float graphs exist.
+            say("Recording each weight MatMul's float32 inputs and outputs, to judge every quantized matrix alone")
+            recordings = record_graphs(staging)
         hessians, eight_bit_matmuls, unscored_matmuls = {}, {}, {}
         if quantization is not None and quantization.calibrated:
             tokens = sum(window.shape[1] for window in windows)
@@ -468,6 +479,8 @@ def export_onnx(
                 eight_bit_matmuls[spec.name], unscored_matmuls[spec.name] = quantize_graph(
                     staging / spec.file, quantization, hessians.get(spec.name), row_scores, input_mean_squares
                 )
+                if spec.name in recordings:
+                    matmul_errors += quantized_matmul_errors(staging / spec.file, recordings.pop(spec.name), spec.name)
                 if unscored_matmuls[spec.name]:
                     say(
                         f"int4: {len(unscored_matmuls[spec.name])} matrices of graph {spec.name!r} matched no scored "
@@ -482,7 +495,7 @@ def export_onnx(
             if (optimize or quantization) and device == "cpu" and family == "seq2seq" and spec.name == "decoder":
                 say("Decoder attention as ONNX Runtime's MultiHeadAttention (causal and padding masks inside)")
                 fuse_decoder_attention_file(staging / spec.file)
-        report = write_manifest_and_validate(quantization)
+        report = write_manifest_and_validate(quantization, matmul_errors)
         manifest = load_manifest(staging)
         mode = _default_file_mode(staging)
         for path in staging.iterdir():

@@ -1,0 +1,198 @@
+"""Quantized validation beyond the end-to-end bounds. Each quantized matrix is judged on its own (`matmul_check.py`): fed the float32 graph's own activations, every
+`MatMulNBits` node of an honest int8 or int4 export stays within its bits' bound, while one matrix of one layer
+broken (first, middle or last layer; scales doubled, scaled by a quarter, or zeroed) fails, named, and fails the
+export. The model is deep and at a trained model's scales (SmolLM2-135M's statistics), where error compounding
+through the layers makes the end-to-end bounds loose. End to end, a model that amplifies rounding more than trained
+models do gets bounds from its own response to simulated rounding (`validation.ROUNDING_NOISE`).
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+
+from vaswani.conversion.onnx import OnnxValidationError, export_onnx  # noqa: E402
+from vaswani.conversion.onnx import export as onnx_export  # noqa: E402
+from vaswani.conversion.onnx.contract import save_graph  # noqa: E402
+from vaswani.conversion.onnx.matmul_check import (  # noqa: E402
+    MATMUL_BOUNDS,
+    quantized_matmul_errors,
+    record_graphs,
+)
+from vaswani.conversion.onnx.postprocess import quantization_format, quantize_graph  # noqa: E402
+from vaswani.conversion.onnx.references import RoundingResponse  # noqa: E402
+from vaswani.conversion.onnx.validation import QUANTIZED_BOUNDS, ROUNDING_MARGIN, widened_bounds  # noqa: E402
+
+SMOLLM2_RECIPE = Path(__file__).resolve().parents[1] / "benchmarks" / "shapes" / "smollm2-135m.json"
+LAYERS = 6
+POSITIONS = {"first": 0, "middle": LAYERS // 2, "last": LAYERS - 1}
+# A broken matrix's scales times this: a wrong scale by a quarter (the smallest tried), double, or none at all.
+CORRUPTIONS = {"scaled by 1.25": 1.25, "doubled": 2.0, "zeroed": 0.0}
+
+
+@pytest.fixture(scope="module")
+def trained_scale_model(tmp_path_factory):
+    """transformers' LlamaForCausalLM of SmolLM2-135M's width (6 of its 30 layers, a 1024-token vocabulary) with
+    weights drawn at its trained tensors' scales, saved as a folder."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    recipe = json.loads(SMOLLM2_RECIPE.read_text())
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**{**recipe["config"], "vocab_size": 1024, "num_hidden_layers": LAYERS}))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            mean, std = recipe["scales"][name]
+            parameter.normal_(mean, std)
+    folder = tmp_path_factory.mktemp("trained_scale") / "llama"
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def float_export(trained_scale_model, tmp_path_factory):
+    """Its float32 export and every weight MatMul's recorded inputs and outputs."""
+    result = export_onnx(trained_scale_model, tmp_path_factory.mktemp("float") / "fp32", "text-generation")
+    return result.folder, record_graphs(result.folder)["model"]
+
+
+@pytest.fixture(scope="module")
+def quantized_graphs(float_export, tmp_path_factory):
+    """The float graph quantized in place of a copy, int8 and int4 at default options (as export_onnx does)."""
+    folder, _ = float_export
+    graphs = {}
+    for quantize in ("int8", "int4"):
+        copy = tmp_path_factory.mktemp(quantize) / "graph"
+        shutil.copytree(folder, copy)
+        quantize_graph(copy / "model.onnx", quantization_format(quantize))
+        graphs[quantize] = copy
+    return graphs
+
+
+def corrupt_one_matrix(folder: Path, layer: int, factor: float) -> str:
+    """Multiply the scales of layer `layer`'s MLP down projection by `factor`, in place; returns its weight's name."""
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=True)
+    target = next(
+        tensor
+        for tensor in graph.graph.initializer
+        if f"layers.{layer}.mlp.down_proj" in tensor.name and tensor.name.endswith("_scales")
+    )
+    scales = onnx.numpy_helper.to_array(target) * np.float32(factor)
+    target.CopyFrom(onnx.numpy_helper.from_array(scales.astype(np.float32), target.name))
+    for stale in folder.glob("model.onnx*"):
+        stale.unlink()
+    save_graph(graph, folder / "model.onnx")
+    return target.name.removesuffix("_scales")
+
+
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_every_matrix_of_an_honest_export_stays_within_its_bound(float_export, quantized_graphs, quantize):
+    _, recorded = float_export
+    rows = quantized_matmul_errors(quantized_graphs[quantize] / "model.onnx", recorded, "model")
+    assert len(rows) == len(recorded)  # every weight MatMul, the head included
+    assert all(any(f"layers.{layer}.mlp.down_proj" in row.weight for row in rows) for layer in range(LAYERS))
+    assert all(row.passed for row in rows), [row.problem() for row in rows if not row.passed]
+    # Quantization changed every matrix, each by what its own bits' rounding does.
+    bits = 8 if quantize == "int8" else 4
+    body = [row for row in rows if row.bits == bits]
+    assert body and all(0 < row.relative_rms < MATMUL_BOUNDS[bits] for row in body)
+
+
+@pytest.mark.parametrize("how", CORRUPTIONS)
+@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_one_broken_matrix_fails_by_name_at_any_depth(
+    float_export, quantized_graphs, tmp_path, quantize, position, how
+):
+    _, recorded = float_export
+    factor = CORRUPTIONS[how]
+    if quantize == "int4" and factor == 1.25:
+        pytest.skip("a quarter of a 4-bit scale is within int4's own rounding error; doubled and zeroed are not")
+    folder = tmp_path / "broken"
+    shutil.copytree(quantized_graphs[quantize], folder)
+    broken = corrupt_one_matrix(folder, POSITIONS[position], factor)
+    rows = quantized_matmul_errors(folder / "model.onnx", recorded, "model")
+    failing = [row for row in rows if not row.passed]
+    assert [row.weight for row in failing] == [broken]
+    assert failing[0].relative_rms >= abs(factor - 1) * 0.5  # the error is the corruption's, not rounding's
+
+
+def test_an_export_with_one_broken_matrix_fails_and_writes_nothing(trained_scale_model, tmp_path, monkeypatch):
+    """Through `export_onnx`: the middle layer's int8 down projection broken right after quantization (a quarter
+    off) stops the export with an error naming that matrix; nothing is written."""
+    quantize = onnx_export.quantize_graph
+
+    def quantize_then_break(path, *args, **kwargs):
+        chosen = quantize(path, *args, **kwargs)
+        corrupt_one_matrix(Path(path).parent, POSITIONS["middle"], 1.25)
+        return chosen
+
+    monkeypatch.setattr(onnx_export, "quantize_graph", quantize_then_break)
+    output = tmp_path / "int8"
+    with pytest.raises(OnnxValidationError, match=rf"layers\.{POSITIONS['middle']}\.mlp\.down_proj.*relative RMS"):
+        export_onnx(trained_scale_model, output, "text-generation", quantize="int8")
+    assert not output.exists()
+
+
+def test_the_manifest_records_every_matrix_of_an_honest_export(trained_scale_model, tmp_path):
+    result = export_onnx(trained_scale_model, tmp_path / "int8", "text-generation", quantize="int8")
+    matmuls = result.manifest["validation"]["matmuls"]
+    assert all(any(f"layers.{layer}.self_attn.o_proj" in row["weight"] for row in matmuls) for layer in range(LAYERS))
+    assert all(row["relative_rms"] <= row["bound"] == MATMUL_BOUNDS[row["bits"]] for row in matmuls)
+    assert "Each quantized matrix fed the float32 graph's own activations" in str(result.validation)
+
+
+# ------------------------------------------------------------------ end to end: the model's response to rounding
+
+
+@pytest.fixture(scope="module")
+def amplifying_exports(tmp_path_factory):
+    """transformers' Llama with a wide random init (0.2), whose layers amplify any perturbation as a deep random model
+    does, exported int8 and int4 at default options (validated)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2, tie_word_embeddings=True,
+    )  # fmt: skip
+    root = tmp_path_factory.mktemp("amplifying")
+    LlamaForCausalLM(config).eval().save_pretrained(root / "llama")
+    return {
+        quantize: export_onnx(root / "llama", root / quantize, "text-generation", quantize=quantize).validation
+        for quantize in ("int8", "int4")
+    }
+
+
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_simulated_rounding_predicts_an_honest_exports_error(amplifying_exports, quantize):
+    """The error model's premise: the float model with noise of the format's per-matrix size in every linear layer
+    (PyTorch, no ONNX) lands about as far from itself as the quantized graph does."""
+    report = amplifying_exports[quantize]
+    logits = next(row for row in report.rows if row.output == "logits")
+    simulated = report.rounding_response.logits_relative_rms
+    assert 0.5 <= logits.relative_rms / simulated <= ROUNDING_MARGIN
+
+
+def test_a_model_that_amplifies_rounding_past_the_format_bounds_exports_at_int4(amplifying_exports):
+    """Its honest int4 logits are further from float32 than the bounds set on trained models allow; they pass because
+    this model's own response to rounding says so, and every matrix passed on its own."""
+    report = amplifying_exports["int4"]
+    logits = next(row for row in report.rows if row.output == "logits")
+    assert report.passed and report.matmuls and all(row.passed for row in report.matmuls)
+    assert logits.relative_rms > QUANTIZED_BOUNDS["int4-weight-only"]["logits"].relative_rms
+    assert "relative noise in every matrix" in str(report)
+
+
+def test_widened_bounds_are_never_tighter_than_the_formats():
+    static = QUANTIZED_BOUNDS["int8-weight-only"]["logits"]
+    calm = RoundingResponse(0.01, 0.001, 0.99999, 1.0, 0.001, 0.99999)
+    assert widened_bounds(static, calm, is_logits=True) == static
+    loud = RoundingResponse(0.01, 0.3, 0.95, 0.5, 0.2, 0.98)
+    wide = widened_bounds(static, loud, is_logits=True)
+    assert (wide.relative_rms, wide.top1) == pytest.approx((0.6, 0.0)) and wide.cosine == pytest.approx(0.8)
