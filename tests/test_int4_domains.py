@@ -1,0 +1,95 @@
+"""The published int4 quality (benchmarks/int4_domains.py, docs/results/int4_domains.md): the texts that chose the
+defaults are reported apart from held-out texts that no default was tuned on, no tuning code reads the held-out
+texts, the page's tables are what its raw perplexities give, and the README and deployment guide quote both sets."""
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import int4_domains  # noqa: E402  (benchmarks/int4_domains.py)
+
+TUNING_DOMAINS = {"technical", "legal", "dialogue", "code", "stories"}
+RESULTS = json.loads((ROOT / "docs" / "results" / "int4_domains.json").read_text())
+
+
+def test_held_out_texts_ship_with_the_repository_in_other_domains_than_the_tuning_texts():
+    held_out = int4_domains.held_out_texts()
+    assert len(held_out) >= 4 and not set(held_out) & TUNING_DOMAINS
+    readme = (int4_domains.HELD_OUT_FOLDER / "README.md").read_text()
+    for name, text in held_out.items():
+        assert len(text.split()) >= 500, f"{name}: several hundred words at least"
+        assert f"`{name}.txt`" in readme, f"the held-out README does not say what {name}.txt is"
+
+
+def test_no_code_but_the_quality_page_reads_the_held_out_texts():
+    """No exporter, calibration or benchmark code may tune on them: only int4_domains.py names their folder."""
+    sources = [
+        *(ROOT / "vaswani").rglob("*.py"),
+        *(ROOT / "benchmarks").glob("*.py"),
+        *(ROOT / "examples").glob("*.py"),
+    ]
+    readers = [path for path in sources if "held_out" in path.read_text() and path.name != "int4_domains.py"]
+    assert not readers, f"these read the held-out texts: {readers}"
+
+
+def test_domain_tables_pool_a_sets_tokens_and_range_its_texts():
+    """The summary's figures from made-up raw values, worked by hand: a reference at NLL 1 over 100 tokens and 2 over
+    300, a build at 1.1 and 2.1, is +10.5% pooled (exp 0.1) and per text; a held-out text at 3.0 against 3.2 is
+    -18.1% (exp -0.2)."""
+    runs = {
+        "fp32": {"a": (1.0, 100), "b": (2.0, 300), "c": (3.2, 50)},
+        "int4": {"a": (1.1, 100), "b": (2.1, 300), "c": (3.0, 50)},
+    }
+    raw = {
+        "texts": {"a": {"set": "tuning"}, "b": {"set": "tuning"}, "c": {"set": "held-out"}},
+        "builds": {"fp32": {"weight_bytes": 4e6}, "int4": {"weight_bytes": 1e6}},
+        "runs": {
+            build: {
+                text: {"perplexity": math.exp(nll), "mean_nll": nll, "tokens": tokens}
+                for text, (nll, tokens) in texts.items()
+            }
+            for build, texts in runs.items()
+        },
+    }
+    tuning, held_out, summary = int4_domains.domain_tables(raw)
+    assert [row[0] for row in tuning["rows"]] == ["a", "b"] and [row[0] for row in held_out["rows"]] == ["c"]
+    assert tuning["rows"][1] == ["b", "300", "7.39", "8.17 (+10.5%)"]
+    assert summary["rows"] == [["int4", "1.0", "+10.5%", "+10.5% to +10.5%", "-18.1%", "-18.1% to -18.1%"]]
+
+
+def test_the_page_publishes_both_sets_labelled_as_its_raw_perplexities_give_them():
+    raw = RESULTS["raw"]
+    held_out = {name for name, about in raw["texts"].items() if about["set"] == int4_domains.HELD_OUT}
+    tuning = {name for name, about in raw["texts"].items() if about["set"] == int4_domains.TUNING}
+    assert tuning == TUNING_DOMAINS and held_out == set(int4_domains.held_out_texts())
+    assert RESULTS["tables"] == int4_domains.domain_tables(raw)
+    page = (ROOT / "docs" / "results" / "int4_domains.md").read_text()
+    for heading in int4_domains.SET_HEADINGS.values():
+        assert heading in page
+
+
+def per_text_range(build: str, chosen: str) -> str:
+    """The range of `build`'s per-text perplexity change against fp32 over one set, as the page writes it."""
+    runs, texts = RESULTS["raw"]["runs"], RESULTS["raw"]["texts"]
+    changes = [
+        runs[build][t]["perplexity"] / runs["fp32"][t]["perplexity"] - 1 for t in texts if texts[t]["set"] == chosen
+    ]
+    return f"{min(changes):+.1%} to {max(changes):+.1%}"
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/deployment.md"])
+def test_the_int4_quality_sentence_quotes_the_tuning_and_held_out_ranges(document):
+    text = (ROOT / document).read_text()
+    # The paragraph, or the README list's item, that links the page.
+    paragraph = next(block for block in re.split(r"\n\s*\n|\n- ", text) if "int4_domains.md" in block)
+    paragraph = " ".join(paragraph.split())
+    for build in ("int4", "int8"):
+        for chosen in (int4_domains.TUNING, int4_domains.HELD_OUT):
+            assert per_text_range(build, chosen).replace("+", "") in paragraph.replace("+", ""), (build, chosen)
+    assert "held-out" in paragraph and "tuning" in paragraph
