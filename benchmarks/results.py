@@ -421,6 +421,49 @@ def profile_tables(raw: dict, described: dict) -> list[dict]:
     return [made]
 
 
+@table_maker("int4_domains")
+def int4_domain_tables(raw: dict, described: dict) -> list[dict]:
+    """benchmarks/int4_domains.py's own maker (`domain_tables`: perplexity per build on tuning and held-out texts),
+    imported when a page needs it, since that script imports this module."""
+    from int4_domains import domain_tables
+
+    return domain_tables(raw, described)
+
+
+@table_maker("matmul_bounds")
+def matmul_bounds_tables(raw: dict, described: dict) -> list[dict]:
+    """benchmarks/matmul_bounds.py: per model and format, the worst honest quantized matrix of each width and the
+    mildest broken one, each a relative RMS error fed the float graph's activations; then the logits' error end to
+    end beside the float model's response to simulated rounding (`validation.ROUNDING_NOISE`)."""
+    rows, end_to_end = [], []
+    for model, formats in raw.items():
+        for quantize, measured in formats.items():
+            honest = measured["honest"]
+            worst = {
+                bits: max(row["relative_rms"] for row in honest if row["bits"] == bits)
+                for bits in sorted({row["bits"] for row in honest})
+            }
+            mildest = min(measured["broken"], key=lambda row: row["relative_rms"])
+            rows.append([
+                model, quantize, str(len(honest)),
+                ", ".join(f"{bits}-bit {value:.4f}" for bits, value in worst.items()),
+                f"{mildest['relative_rms']:.3f} ({mildest['how']}, {mildest['position']})",
+            ])  # fmt: skip
+            response = measured["response_logits_relative_rms"]
+            end_to_end.append([
+                model, quantize, f"{measured['logits_relative_rms']:.4f}", f"{response:.4f}",
+                f"{measured['logits_relative_rms'] / response:.2f}" if response else "–",
+                "yes" if measured["passed"] else "no",
+            ])  # fmt: skip
+    columns = ["model", "format", "matrices", "worst honest matrix", "mildest broken matrix"]
+    made = [table("Each quantized matrix, fed the float graph's activations (relative RMS error)", columns, rows)]
+    columns = ["model", "format", "logits relative RMS", "simulated rounding's", "ratio", "export validated"]
+    made.append(
+        table("End to end: the logits against the float model's response to simulated rounding", columns, end_to_end)
+    )
+    return made
+
+
 @table_maker("side_by_side")
 def side_by_side_tables(raw: dict, described: dict) -> list[dict]:
     """benchmarks/benchmark.py: per family, each task's median seconds for transformers' model and vaswani's (the
