@@ -246,8 +246,7 @@ def publish(raw: dict, command: str, described: dict, json_path: Path, markdown_
         "a line end. The tuning texts chose the int4 export's 8-bit budget default (0.3) and compared its layouts; "
         "the held-out texts (benchmarks/texts/held_out/, whose README says what each is) were never used to choose "
         "anything. Every table figure is computed from the JSON's raw perplexities, token counts and weight bytes "
-        "(`domain_tables` in benchmarks/int4_domains.py; tests/test_int4_domains.py checks the tables kept in the "
-        "JSON are what they give)."
+        "(`domain_tables` in benchmarks/int4_domains.py, run when the page is rendered)."
     ]
     results = {
         "title": "Quantized builds' perplexity on tuning and held-out texts",

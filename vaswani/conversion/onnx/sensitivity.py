@@ -6,9 +6,9 @@ the diagonal Fisher information of the model's own predictions: labels are sampl
 calibration text only supplies inputs, never targets. To second order that sum is twice the KL divergence from the
 float model that rounding the matrix adds, so matrices that matter in any layer or shape compare on one scale. The
 matrices with the highest score per added byte go to 8 bits until the budget (a fraction of the 4-bit weights'
-bytes) is spent. On SmolLM2-135M-Instruct, over five domains of text (docs/results/int4_domains.md), a budget of
-0.04 left int4 at +5.4% to +15.8% perplexity over float32 and the default 0.3 (6% more bytes in all) at -0.3% to
-+5.9%.
+bytes) is spent. On SmolLM2-135M-Instruct (docs/results/int4_domains.md), a budget of 0.04 left int4 at +5.4% to
++15.2% perplexity over float32 on the five texts that chose the default and +8.2% to +17.4% on five held-out ones;
+the default 0.3 (13% more weight bytes read per decode step) at -0.4% to +5.7% and +1.5% to +5.5%.
 
 Scores are computed per output row of each PyTorch `nn.Linear` and looked up in the graph by the row's content, so a
 fused (q/k/v, gate/up) or transposed ONNX weight finds the rows it holds:
