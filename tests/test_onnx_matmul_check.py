@@ -3,7 +3,7 @@
 broken (first, middle or last layer; scales doubled, scaled by a quarter, or zeroed) fails, named, and fails the
 export. The model is deep and at a trained model's scales (SmolLM2-135M's statistics), where error compounding
 through the layers makes the end-to-end bounds loose. End to end, a model that amplifies rounding more than trained
-models do gets bounds from its own response to simulated rounding (`validation.ROUNDING_NOISE`).
+models do gets bounds from its own response to simulated rounding (`validation.ROUNDING_BITS`).
 """
 
 import json
@@ -171,7 +171,7 @@ def amplifying_exports(tmp_path_factory):
 
 @pytest.mark.parametrize("quantize", ["int8", "int4"])
 def test_simulated_rounding_predicts_an_honest_exports_error(amplifying_exports, quantize):
-    """The error model's premise: the float model with noise of the format's per-matrix size in every linear layer
+    """The error model's premise: the float model with every matrix rounded to nearest in the format's bits
     (PyTorch, no ONNX) lands about as far from itself as the quantized graph does."""
     report = amplifying_exports[quantize]
     logits = next(row for row in report.rows if row.output == "logits")
@@ -186,13 +186,13 @@ def test_a_model_that_amplifies_rounding_past_the_format_bounds_exports_at_int4(
     logits = next(row for row in report.rows if row.output == "logits")
     assert report.passed and report.matmuls and all(row.passed for row in report.matmuls)
     assert logits.relative_rms > QUANTIZED_BOUNDS["int4-weight-only"]["logits"].relative_rms
-    assert "relative noise in every matrix" in str(report)
+    assert "rounding every matrix to nearest in 4 bits (inputs in int8)" in str(report)
 
 
 def test_widened_bounds_are_never_tighter_than_the_formats():
     static = QUANTIZED_BOUNDS["int8-weight-only"]["logits"]
-    calm = RoundingResponse(0.01, 0.001, 0.99999, 1.0, 0.001, 0.99999)
+    calm = RoundingResponse(8, True, 0.001, 0.99999, 1.0, 0.001, 0.99999)
     assert widened_bounds(static, calm, is_logits=True) == static
-    loud = RoundingResponse(0.01, 0.3, 0.95, 0.5, 0.2, 0.98)
+    loud = RoundingResponse(8, True, 0.3, 0.95, 0.5, 0.2, 0.98)
     wide = widened_bounds(static, loud, is_logits=True)
     assert (wide.relative_rms, wide.top1) == pytest.approx((0.6, 0.0)) and wide.cosine == pytest.approx(0.8)

@@ -209,7 +209,7 @@ def test_a_stamped_graph_holds_no_copy_of_the_weights():
     model = build_model(VaswaniForCausalLM, config, "sdpa")
     specs = build_graph_specs(model, "text-generation", torch.float32)
     lines = []
-    graph = _export_graphs(model, "text-generation", specs, torch.float32, "cpu", LLM_OPSET, True, lines.append)
+    graph = _export_graphs(model, "text-generation", specs, torch.float32, "cpu", LLM_OPSET, True, lines.append, [])
     assert any(f"stamped to {LAYERS}" in line for line in lines), lines
     parameters = [parameter.detach().numpy() for parameter in model.parameters()]
     weight_bytes = sum(array.nbytes for array in parameters)

@@ -59,7 +59,7 @@ from .references import pytorch_references
 from .sensitivity import export_row_scores
 from .stamping import TEMPLATE_LAYERS, StampingRefused, stamped_graphs, stamping_depths
 from .tasks import GENERATION_TASKS, cast_model, family_of, infer_task, load_for_task, task_model
-from .validation import ROUNDING_NOISE, ValidationReport, validate_onnx_export
+from .validation import ROUNDING_BITS, ValidationReport, validate_onnx_export
 from .wrappers import build_graph_specs
 
 DEVICES = ("cpu", "cuda")
@@ -413,8 +413,16 @@ def export_onnx(
         references = None
         if validate:
             say("Running PyTorch's side of validation")
-            noise = ROUNDING_NOISE[quantization.name] if quantization is not None else None
-            references = pytorch_references(export_model, task, dtype, device, family, rounding_noise=noise)
+            bits = ROUNDING_BITS[quantization.name] if quantization is not None else None
+            references = pytorch_references(
+                export_model,
+                task,
+                dtype,
+                device,
+                family,
+                rounding_bits=bits,
+                int8_activations=quantization is not None and quantization.accuracy_level == 4,
+            )
         if source is not None and not (references and references.models):
             # The model is this export's own and nothing below reads its weights (a decoder's validation ran PyTorch
             # already): without it, ONNX Runtime's copy of the weights is the only one in memory.

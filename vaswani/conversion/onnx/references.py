@@ -3,7 +3,7 @@ every call's inputs and outputs computed up front, so that the model can be free
 as large as itself.
 """
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -26,18 +26,18 @@ class PyTorchReferences:
     models: list
     device: str
     causal_lm_steps: list[dict] | None = None
-    # A quantized export's error model (`rounding_response`): what rounding noise in every matrix does to this model.
+    # A quantized export's error model (`rounding_response`): what rounding every matrix does to this model.
     rounding_response: "RoundingResponse | None" = None
 
 
 @dataclass(frozen=True)
 class RoundingResponse:
-    """How far the float model's outputs move when every linear layer's output is perturbed by random noise of
-    relative RMS `noise` (what a quantized matrix's honest rounding does to its output): the logits' relative RMS
-    error, cosine similarity and top-1 agreement with the unperturbed model, and the worst of each over the states
-    (caches, hidden states)."""
+    """How far the float model's outputs move when every matrix is rounded to nearest in `bits` (blocks of 32 input
+    rows, the head in 8 bits; `simulated_rounding`): the logits' relative RMS error, cosine similarity and top-1
+    agreement with the float model, and the worst of each over the states (hidden states)."""
 
-    noise: float
+    bits: int
+    int8_activations: bool  # each matrix's input rounded to int8 per block too, as MatMulNBits' accuracy level 4 does
     logits_relative_rms: float
     logits_cosine: float
     logits_top1: float
@@ -53,21 +53,22 @@ def pytorch_references(
     family: str,
     seed: int = 0,
     compute_dtype: torch.dtype | None = None,
-    rounding_noise: float | None = None,
+    rounding_bits: int | None = None,
+    int8_activations: bool = False,
 ) -> PyTorchReferences:
     """PyTorch's side of validating an export of `model` (the manifest's `task`, `dtype`, `device` and `family`):
     for decoders every call computed now (the model may go afterwards), for other families the models, run as
     ONNX Runtime's calls are made. `compute_dtype` (default: the export's dtype) is what the runtime computes in:
-    bfloat16 for OpenVINO's bf16 run of an fp32 graph. `rounding_noise` (quantized exports): also measure the model's
-    `rounding_response` to that much noise in every matrix."""
+    bfloat16 for OpenVINO's bf16 run of an fp32 graph. `rounding_bits` (quantized exports): also measure the model's
+    `rounding_response` to its matrices rounded to that many bits (and their inputs to int8, `int8_activations`)."""
     compute_dtype = compute_dtype or DTYPES[dtype]
     reference = cast_model(task_model(model, task), compute_dtype, device)
     models = [reference]
     if compute_dtype in (torch.float16, torch.bfloat16):  # the float32 model beside it measures what 16 bits lose
         models.append(cast_model(task_model(model, task), torch.float32, device))
     references = PyTorchReferences(reference.config, models, device)
-    if rounding_noise is not None:
-        references.rounding_response = rounding_response(reference, family, rounding_noise, seed)
+    if rounding_bits is not None:
+        references.rounding_response = rounding_response(reference, family, rounding_bits, int8_activations, seed)
     if family != "seq2seq" and task == "text-generation":
         with torch.no_grad():
             references.causal_lm_steps = _causal_lm_references(models, torch.Generator().manual_seed(seed), device)
@@ -112,15 +113,49 @@ def _causal_lm_references(models, generator, device) -> list[dict]:
     return steps
 
 
+# Blocks of input rows with a scale each, as the exporter's MatMulNBits layout stores every quantized matrix.
+ROUNDING_BLOCK = 32
+
+
+def rounding_error(weight: torch.Tensor, bits: int, block: int = ROUNDING_BLOCK) -> torch.Tensor:
+    """What rounding `weight` ([out, in]) to nearest in `bits` per block of `block` input columns changes: symmetric
+    at 8 bits (the int8 export's), asymmetric with an integer zero point at 4 (the int4 export's layout)."""
+    rows, columns = weight.shape
+    blocks = torch.nn.functional.pad(weight.float(), (0, -columns % block)).reshape(rows, -1, block)
+    if bits == 8:
+        scale = (blocks.abs().amax(-1, keepdim=True) / 127).clamp_min(1e-12)
+        rounded = (blocks / scale).round().clamp(-128, 127) * scale
+    else:
+        low, high = blocks.amin(-1, keepdim=True), blocks.amax(-1, keepdim=True)
+        scale = ((high - low) / (2**bits - 1)).clamp_min(1e-12)
+        zero = (-low / scale).round()
+        rounded = ((blocks / scale).round() + zero).clamp(0, 2**bits - 1).sub(zero) * scale
+    return (rounded - blocks).reshape(rows, -1)[:, :columns].to(weight.dtype)
+
+
+def rounded_activations(inputs: torch.Tensor, block: int = ROUNDING_BLOCK) -> torch.Tensor:
+    """`inputs` ([..., in]) rounded to int8 per block of `block` values, each block with its own scale: what
+    `MatMulNBits` at accuracy level 4 multiplies the weights with."""
+    columns = inputs.shape[-1]
+    blocks = torch.nn.functional.pad(inputs, (0, -columns % block)).unflatten(-1, (-1, block))
+    scale = (blocks.abs().amax(-1, keepdim=True) / 127).clamp_min(1e-12)
+    return ((blocks / scale).round() * scale).flatten(-2)[..., :columns]
+
+
 @contextmanager
-def rounding_noise(model: nn.Module, relative_rms: float, generator: torch.Generator):
-    """While inside, every `nn.Linear` of `model` adds Gaussian noise of `relative_rms` times its output's RMS."""
+def simulated_rounding(model: PreTrainedModel, bits: int, int8_activations: bool = False):
+    """While inside, every `nn.Linear` of `model` computes with its weight rounded to nearest in `bits`
+    (`rounding_error`; the output head in 8 bits, as exports keep it) and, with `int8_activations`, with its input
+    rounded to int8 per block (`rounded_activations`). Each error is computed when its layer runs and dropped after:
+    no second copy of the weights."""
+    head = model.get_output_embeddings()
 
-    def add_noise(module, inputs, output):
-        noise = torch.randn(output.shape, generator=generator, dtype=output.dtype).to(output.device)
-        return output + relative_rms * output.pow(2).mean().sqrt() * noise
+    def rounded(module, inputs, output):
+        weight = module.weight + rounding_error(module.weight, 8 if module is head else bits)
+        activations = rounded_activations(inputs[0]) if int8_activations else inputs[0]
+        return torch.nn.functional.linear(activations, weight, module.bias)
 
-    handles = [module.register_forward_hook(add_noise) for module in model.modules() if isinstance(module, nn.Linear)]
+    handles = [module.register_forward_hook(rounded) for module in model.modules() if isinstance(module, nn.Linear)]
     try:
         yield
     finally:
@@ -128,13 +163,15 @@ def rounding_noise(model: nn.Module, relative_rms: float, generator: torch.Gener
             handle.remove()
 
 
-def rounding_response(model: PreTrainedModel, family: str, noise: float, seed: int = 0) -> RoundingResponse:
-    """`model`'s outputs on random tokens (batch 3, 12 tokens), with and without `rounding_noise` at `noise`.
+def rounding_response(
+    model: PreTrainedModel, family: str, bits: int, int8_activations: bool = False, seed: int = 0
+) -> RoundingResponse:
+    """`model`'s outputs on random tokens (batch 3, 12 tokens), float and under `simulated_rounding` in `bits`.
 
-    Why: quantization error compounds through the layers by as much as the model amplifies a perturbation, which
-    depends on its weights: a trained 30-layer model turns int8's per-matrix rounding (relative RMS ~0.01) into logits
-    off by ~0.02, a deep model with random weights into ~0.3. Measured on the float model itself, this response says
-    how far an honest quantized graph of this model may land from it."""
+    Why: quantization error compounds through the layers by as much as the model amplifies a perturbation, which its
+    weights decide: a trained 30-layer model keeps int8's rounding near its per-matrix size in the logits, a deep
+    model with random weights multiplies it thirtyfold. Measured on the float model itself, in PyTorch, this response
+    says how far an honest quantized graph of this model may land from it."""
     generator = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
     ids = random_ids(3, 12, model.config.vocab_size, generator).to(device)
@@ -143,8 +180,8 @@ def rounding_response(model: PreTrainedModel, family: str, noise: float, seed: i
         inputs["decoder_input_ids"] = random_ids(3, 12, model.config.vocab_size, generator).to(device)
     runs = []
     with torch.no_grad():
-        for perturbed in (False, True):
-            with rounding_noise(model, noise if perturbed else 0.0, generator):
+        for rounded in (False, True):
+            with simulated_rounding(model, bits, int8_activations) if rounded else nullcontext():
                 outputs = model(**inputs, output_hidden_states=True)
             states = [outputs.get(name) for name in ("last_hidden_state", "encoder_last_hidden_state")]
             states += list(outputs.get("hidden_states") or ()) + list(outputs.get("decoder_hidden_states") or ())
@@ -164,7 +201,8 @@ def rounding_response(model: PreTrainedModel, family: str, noise: float, seed: i
         else 1.0
     )
     return RoundingResponse(
-        noise,
+        bits,
+        int8_activations,
         logits_relative_rms=logits[0],
         logits_cosine=logits[1],
         logits_top1=top1,

@@ -90,14 +90,15 @@ QUANTIZED_BOUNDS = {
 
 # A quantized graph's outputs may differ from float32 by more than `QUANTIZED_BOUNDS` where the model amplifies
 # rounding more than the trained models those bounds were set on: deep models with random weights (a 1B one turns
-# int8's per-matrix error of 0.01 into logits off by 0.32). The error model: each quantized matrix's output is off
-# by at most what honest rounding leaves (`ROUNDING_NOISE`, the worst matrix of honest exports measured by
-# `matmul_check`, which holds every matrix to its own bound first); the float model itself, run with that much random
-# noise in every linear layer (`references.rounding_response`), shows how far that moves each output. A graph may
-# land twice as far as that simulated rounding: twice the relative RMS, four times the cosine's distance from 1 (it
-# goes with the square of the error), twice the top-1 disagreement; never tighter than `QUANTIZED_BOUNDS`. A broken
-# graph (a wrong attention rewrite, a dropped bias) moves the outputs by their whole scale, far past either.
-ROUNDING_NOISE = {"int8-weight-only": 0.01, "int4-weight-only": 0.1}
+# int8's per-matrix error of 0.01 into logits off by 0.32). The error model: each quantized matrix is off by no more
+# than honest rounding (which `matmul_check` holds every matrix to first), so the graph lands about where the float
+# model lands with every matrix rounded to nearest in the format's bits (and, at accuracy level 4, every matrix's
+# input rounded to int8 per block, as MatMulNBits computes), simulated in PyTorch
+# (`references.rounding_response`; int4's search and 8-bit budget round better than that, so it errs on the loose
+# side). A graph may land twice as far as that simulation: twice the relative RMS, four times the cosine's distance
+# from 1 (it goes with the square of the error), twice the top-1 disagreement; never tighter than `QUANTIZED_BOUNDS`.
+# A broken graph (a wrong attention rewrite, a dropped bias) moves the outputs by their whole scale, far past either.
+ROUNDING_BITS = {"int8-weight-only": 8, "int4-weight-only": 4}
 ROUNDING_MARGIN = 2.0
 
 
@@ -198,7 +199,7 @@ class ValidationReport:
     rows: list[ValidationRow] = field(default_factory=list)
     # Quantized exports: each quantized matrix fed the float graph's own activations (`matmul_check.py`).
     matmuls: list[MatMulErrorRow] = field(default_factory=list)
-    # Quantized exports: the float model's response to simulated rounding, which widened the bounds (`ROUNDING_NOISE`).
+    # Quantized exports: the float model's response to simulated rounding, which may widen the bounds (`ROUNDING_BITS`).
     rounding_response: RoundingResponse | None = None
 
     @property
@@ -252,10 +253,11 @@ class ValidationReport:
             ]
             if self.rounding_response is not None:
                 response = self.rounding_response
+                inputs = " (inputs in int8)" if response.int8_activations else ""
                 lines += [
                     "",
-                    f"Bounds: the format's, or {ROUNDING_MARGIN:g}x what {response.noise:g} relative noise in every "
-                    f"matrix does to the float model where that is looser: logits relative RMS {response.logits_relative_rms:.3g}, cosine "
+                    f"Bounds: the format's, or {ROUNDING_MARGIN:g}x what rounding every matrix to nearest in "
+                    f"{response.bits} bits{inputs} does to the float model where that is looser: logits relative RMS {response.logits_relative_rms:.3g}, cosine "
                     f"{response.logits_cosine:.5f}, top-1 {response.logits_top1:.3f}; states relative RMS "
                     f"{response.states_relative_rms:.3g}, cosine {response.states_cosine:.5f}.",
                 ]
@@ -550,8 +552,11 @@ def validate_onnx_export(
     if references is None:
         if model is None:
             raise ValueError("validate_onnx_export needs the PyTorch model, or its references (pytorch_references).")
-        noise = ROUNDING_NOISE.get(manifest["quantization"])
-        references = pytorch_references(model, task, dtype, device, manifest["family"], seed, compute_dtype, noise)
+        bits = ROUNDING_BITS.get(manifest["quantization"])
+        int8_activations = manifest.get("quantization_options", {}).get("accuracy_level") == 4
+        references = pytorch_references(
+            model, task, dtype, device, manifest["family"], seed, compute_dtype, bits, int8_activations
+        )
     models = references.models
     runners = {name: _GraphRunner(folder, name, manifest, provider, precision) for name in manifest["graphs"]}
     generator = torch.Generator().manual_seed(seed)
