@@ -85,10 +85,6 @@ NOT_RUN = {
     "accelerate launch --config_file docs/accelerate/ddp_gpu.yaml": "needs GPUs",
     "accelerate launch --config_file docs/accelerate/fsdp.yaml": "needs GPUs (accelerate runs FSDP on GPUs only)",
     "vaswani export --model ./my-t5 --task text2text-generation --output ./my-t5-onnx --dtype fp16 --device cuda": "GPU",
-    # int4's validation bounds are measured on trained weights (benchmarks/quantized_validation_bounds.py); the docs'
-    # stand-ins are random, and random weights fail them, as they should. tests/test_onnx_int4.py and
-    # tests/test_onnx_validation.py export trained tiny models to int4 and validate them.
-    "vaswani export --model ./my-decoder --output ./my-decoder-int4 --quantize int4": "int4 needs trained weights",
     "vaswani serve ./smol-int8 --ray": "starts a Ray cluster (tests/test_serving_ray.py serves through Ray Serve)",
     "vaswani serve /shared/": "needs a Ray cluster of several machines",
     "python benchmarks/openvino_route.py --build fp32=/tmp/smol": "needs SmolLM2's portable exports; about 40 minutes "
