@@ -434,7 +434,7 @@ def int4_domain_tables(raw: dict, described: dict) -> list[dict]:
 def matmul_bounds_tables(raw: dict, described: dict) -> list[dict]:
     """benchmarks/matmul_bounds.py: per model and format, the worst honest quantized matrix of each width and the
     mildest broken one, each a relative RMS error fed the float graph's activations; then the logits' error end to
-    end beside the float model's response to simulated rounding (`validation.ROUNDING_NOISE`)."""
+    end beside the float model's response to simulated rounding (`validation.ROUNDING_BITS`)."""
     rows, end_to_end = [], []
     for model, formats in raw.items():
         for quantize, measured in formats.items():
