@@ -9,13 +9,12 @@ over 1 GiB on the threads the decode computes on); the bound is bandwidth / weig
 the bound" is the measured decode steps per second over it, both from the same round. Runs from before the probe
 read on the decode's threads (it read on torch's one thread while ONNX Runtime decoded on every core) show their
 bound and fraction as withdrawn. The weights are seeded random values at a trained model's scales: speed does not
-depend on them, and quality is not measured here. Each row is the best of the rounds (the machine is shared: the
-best round is the least disturbed); every round's figure is in the JSON.
+depend on them, and quality is not measured here. The page (`results.reference_cpu_tables`) gives each figure's
+median with the range over rounds, computed from every round's `vaswani bench` result in the JSON.
 
 `--export MODEL` first writes the builds (`WORK/NAME-fp32`, `-int8`, `-int4`) with `export_onnx(..., validate=False)`,
-each in a process of its own: random weights at trained scales amplify rounding error about twenty times more than
-trained weights (int8 moves SmolLM2-135M-shaped random logits by 23% RMS, the trained model's by 1%), so validation's
-quantized bounds, set for trained models, refuse these builds; the graphs are the ones a validated export writes.
+each in a process of its own: validation is skipped to save its minutes (it accepts these builds since it judges
+each quantized matrix on its own, see docs/deployment.md); the graphs are the ones a validated export writes.
 
     python benchmarks/benchmark_reference_cpu.py --export smol-360m=/tmp/big/smol-360m --work /tmp/big/builds \
         --json docs/results/benchmark_1b_cpu.json --markdown docs/results/benchmark_1b_cpu.md
@@ -28,8 +27,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from benchmark_gpu import run, summarize  # noqa: E402
-from results import from_markdown, write  # noqa: E402
+from benchmark_gpu import run  # noqa: E402
+from results import command_line, machine, write  # noqa: E402
 
 PRECISIONS = {"fp32": {}, "int8": {"quantize": "int8"}, "int4": {"quantize": "int4"}}
 
@@ -64,57 +63,19 @@ def describe(folder: Path) -> str:
     return what + f", attention {manifest.get('attention_form', 'portable')}"
 
 
-def probed_on_decode_threads(row: dict) -> bool:
-    """Whether a row's bound was read on the threads its decode ran on (rows of earlier runs do not say: their probe
-    ran on torch's one thread, the decode on ONNX Runtime's)."""
-    return row.get("bandwidth_threads") is not None and row["bandwidth_threads"] == row.get("decode_threads")
+TITLE = "Reference shapes on the CPU: decode speed against the bandwidth bound"
 
 
-def render(report: dict) -> str:
-    settings = report["settings"]
-    withdrawn = [row for row in report["rows"] if not probed_on_decode_threads(row)]
-    notes = list(report.get("notes", []))
-    if withdrawn:
-        notes.append(
-            'Rows whose bound reads "withdrawn" come from a run whose bandwidth probe read on torch\'s one thread '
-            "while the decode ran on ONNX Runtime's threads, so their fractions of the bound were not of a bound for "
-            "that decode; this script measures them again."
-        )
-    lines = [
-        "# Reference shapes on the CPU: decode speed against the bandwidth bound",
-        "",
-        "Builds of `benchmarks/reference_shapes.py` folders (Llama-3.2-1B's and SmolLM2-360M's shapes, seeded random "
-        "weights at a trained model's scales: speed does not depend on the values; quality is not measured here), "
-        "exported by `vaswani export` (validated) or, where validation refuses random weights, "
-        "`export_onnx(..., validate=False)` (`--export`; the same graphs), timed with `vaswani bench`: "
-        f"{settings['prompt_tokens']}-token prompts, "
-        f"{settings['new_tokens']} new tokens, greedy, best of {settings['rounds']} rounds (each build in a process "
-        "of its own, alternating). The bound is the read bandwidth (a sum over 1 GiB on the decode's threads) over the "
-        "weight bytes one step reads.",
-        "",
-        *(line for note in notes for line in (note, "")),
-        "**Builds**",
-        "",
-        "| build | what |",
-        "|---|---|",
-        *(f"| {name} | {what} |" for name, what in report["builds"].items()),
-        "",
-        "**Decode**",
-        "",
-        "| build | batch | weight bytes | time to first token | decode tokens/s | bound (batch 1) | of the bound |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for row in report["rows"]:
-        bound, fraction = f"{row['bound_tokens_per_s']:.2f} tokens/s", f"{row['bound_fraction']:.1%}"
-        if not probed_on_decode_threads(row):
-            bound = fraction = "withdrawn"
-        lines.append(
-            f"| {row['system']} | {row['batch_size']} | {row['weight_bytes'] / 1e9:.2f} GB | "
-            f"{row['time_to_first_token_ms'] / 1e3:.2f} s | {row['decode_tokens_per_s']:.2f} | {bound} | {fraction} |"
-        )
-    for name, error in report.get("failures", {}).items():
-        lines += ["", f"**{name} failed:**", "", "```", error.strip()[-1500:], "```"]
-    return "\n".join(lines) + "\n"
+def publish(report: dict, json_path: Path, markdown_path: Path | None, threads: int | None) -> str:
+    """Write the raw rounds (`report`) and the page computed from them (`results.reference_cpu_tables`)."""
+    results = {
+        "title": TITLE,
+        "command": command_line(),
+        "machine": machine(threads=threads),
+        "tables_from": "reference_cpu",
+        "raw": report,
+    }
+    return write(results, json_path, markdown_path)
 
 
 def main() -> None:
@@ -135,9 +96,10 @@ def main() -> None:
     parser.add_argument("--render", action="store_true", help="publish --json's report again, measuring nothing")
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
-    if args.render:
-        report = json.loads(args.json.read_text())["raw"]
-        print(write(from_markdown(render(report), report, threads=args.threads), args.json, args.markdown))
+    if args.render:  # the page again from the JSON as it is (its machine and command kept)
+        results = json.loads(args.json.read_text())
+        results = {**{key: value for key, value in results.items() if key != "tables"}, "tables_from": "reference_cpu"}
+        print(write(results, args.json, args.markdown))
         return
     args.work.mkdir(parents=True, exist_ok=True)
     builds = dict(build.split("=", 1) for build in args.build)
@@ -157,7 +119,6 @@ def main() -> None:
         "builds": {name: describe(Path(folder)) for name, folder in builds.items()},
         "runs": {name: [] for name in builds},
         "failures": {},
-        "rows": [],
     }
     if args.json.is_file():  # builds measured by an earlier run stay on the page, unless measured again now
         earlier = json.loads(args.json.read_text())["raw"]
@@ -179,9 +140,7 @@ def main() -> None:
                 report["failures"].setdefault(name, str(error)[-2000:])
                 continue
             report["runs"][name].append(json.loads(output.read_text()))
-            report["rows"] = summarize(report["runs"])
-            write(from_markdown(render(report), report, threads=args.threads), args.json, args.markdown)
-    print(render(report))
+            print(publish(report, args.json, args.markdown, args.threads))
 
 
 if __name__ == "__main__":

@@ -421,6 +421,65 @@ def profile_tables(raw: dict, described: dict) -> list[dict]:
     return [made]
 
 
+@table_maker("reference_cpu")
+def reference_cpu_tables(raw: dict, described: dict) -> list[dict]:
+    """benchmarks/benchmark_reference_cpu.py: per build and batch size, from each round's `vaswani bench` result, the
+    decode rate and time to first token (medians with the range over rounds) and the batch-1 bound with each row's
+    fraction of it (per sequence), but only from rounds whose bandwidth probe read on the decode's own threads (earlier runs probed
+    on torch's one thread while ONNX Runtime decoded on two: their fractions are withdrawn)."""
+    settings, rows = raw["settings"], []
+    for name, results in raw["runs"].items():
+        if not results:
+            continue
+        for index, first in enumerate(results[0]["rows"]):
+            batch = first["batch_size"]
+            rates = [result["rows"][index]["decode_tokens_per_s"] for result in results]
+            first_token = [result["rows"][index]["time_to_first_token_s"] for result in results]
+            probed = [
+                result
+                for result in results
+                if result.get("bandwidth_threads") is not None
+                and result["bandwidth_threads"] == result["machine"].get("threads")
+            ]
+            bound = fraction = "withdrawn"
+            if probed:
+                bound = spread([result["bound_tokens_per_s"] for result in probed], 2, " tokens/s")
+                fraction = spread([result["rows"][index]["bound_fraction"] * 100 for result in probed], 1, "%")
+            rows.append([
+                name, str(batch), f"{results[0]['weight_bytes'] / 1e9:.2f} GB", spread(first_token, 2, " s"),
+                spread(rates, 2), bound, fraction,
+            ])  # fmt: skip
+    builds = table("Builds", ["build", "what"], [[name, what] for name, what in raw["builds"].items()])
+    builds["text"] = [
+        "Builds of `benchmarks/reference_shapes.py` folders (Llama-3.2-1B's and SmolLM2-360M's shapes, seeded random "
+        "weights at a trained model's scales: speed does not depend on the values; quality is not measured here), "
+        f"timed with `vaswani bench`: {settings['prompt_tokens']}-token prompts, {settings['new_tokens']} new tokens, "
+        f"greedy, {settings['rounds']} rounds (each build in a process of its own, alternating); medians with the "
+        "range over rounds. The bound is the read bandwidth (a sum over 1 GiB on the decode's threads) over the weight "
+        "bytes one step reads; a batch's fraction is per sequence.",
+        *raw.get("notes", []),
+    ]
+    if any(row[-1] == "withdrawn" for row in rows):
+        builds["text"].append(
+            'Rows whose bound reads "withdrawn" come from rounds whose bandwidth probe read on torch\'s one thread '
+            "while ONNX Runtime decoded on two, so their fractions were not of a bound for that decode (one showed "
+            "108%); the script measures them again."
+        )
+    columns = [
+        "build",
+        "batch",
+        "weight bytes",
+        "time to first token",
+        "decode tokens/s",
+        "bound (batch 1)",
+        "of the bound",
+    ]
+    made = [builds, table("Decode", columns, rows)]
+    for name, error in raw.get("failures", {}).items():
+        made.append(table(f"{name} failed", ["error (its last lines)"], [[error.strip()[-300:].replace("|", "/")]]))
+    return made
+
+
 @table_maker("int4_domains")
 def int4_domain_tables(raw: dict, described: dict) -> list[dict]:
     """benchmarks/int4_domains.py's own maker (`domain_tables`: perplexity per build on tuning and held-out texts),

@@ -182,17 +182,16 @@ def test_context_overflow_and_non_generation_folders_are_refused(
 def test_the_reference_page_withdraws_fractions_of_a_bound_read_on_other_threads() -> None:
     """A row of a run from before the probe recorded its threads (the probe then read on torch's one thread while
     ONNX Runtime decoded on two) shows no bound and no fraction; a row probed on its decode's threads shows both."""
-    from benchmark_gpu import summarize
-    from benchmark_reference_cpu import render
+    from results import reference_cpu_tables
 
     old = bench_round(10_000.0, {1: 11.0})
     del old["bandwidth_threads"]
-    runs = {"old-build": [old], "new-build": [bench_round(10_000.0, {1: 6.0})]}
-    report = {
+    raw = {
         "settings": {"rounds": 1, "bench_rounds": 1, "batch_sizes": [1], "prompt_tokens": 8, "new_tokens": 4},
         "builds": {"old-build": "a build", "new-build": "a build"},
-        "rows": summarize(runs),
+        "runs": {"old-build": [old], "new-build": [bench_round(10_000.0, {1: 6.0})]},
     }
-    rows = {line.split(" | ")[0].strip("| "): line for line in render(report).splitlines() if "-build |" in line}
-    assert rows["old-build"].endswith("| withdrawn | withdrawn |") and "110.0%" not in rows["old-build"]
-    assert rows["new-build"].endswith("| 10.00 tokens/s | 60.0% |")
+    decode = next(made for made in reference_cpu_tables(raw, {}) if made["heading"] == "Decode")
+    rows = {row[0]: row for row in decode["rows"]}
+    assert rows["old-build"][-2:] == ["withdrawn", "withdrawn"] and "110.0%" not in rows["old-build"]
+    assert rows["new-build"][-2:] == ["10.00 tokens/s", "60.0%"]

@@ -36,7 +36,6 @@ TEXT_TABLE_PAGES = {
 # tables (the int4 domains page is being measured again with held-out texts; the 1B bound page with a bandwidth
 # probe on the decode's own threads).
 PENDING_CONVERSION = {
-    "benchmark_1b_cpu.md": "benchmarks/benchmark_reference_cpu.py",
 }
 
 
