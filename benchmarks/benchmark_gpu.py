@@ -234,84 +234,6 @@ def summarize(runs: dict) -> list[dict]:
     return rows
 
 
-def render(report: dict) -> str:
-    """The report as Markdown: the export, the greedy agreement and the speed table with ratios (`results.py`
-    publishes it with the machine)."""
-    lines = [
-        "# GPU: fp16 export on ONNX Runtime's CUDA provider beside transformers",
-        "",
-        "SmolLM2-135M-Instruct's shape with seeded random weights at the trained tensors' scales (speed does not "
-        "depend on the values; quality is not measured here).",
-        "",
-    ]
-    exported = report.get("export")
-    if exported:
-        validation = exported["validation"] or {}
-        logits = [row for row in validation.get("rows", []) if row["output"] == "logits"]
-        worst = max(logits, key=lambda row: row["max_abs_diff"] / row["allowed"]) if logits else {}
-        lines += [
-            f"**Export.** `{exported['command']}`: {exported['seconds']:.0f} s; validated on "
-            f"{validation.get('provider')} against PyTorch ({validation.get('tolerance_kind')} tolerance): "
-            f"passed {validation.get('passed')}; logits' largest difference {worst.get('max_abs_diff', float('nan')):.4g} "
-            f"where {worst.get('allowed', float('nan')):.4g} is allowed ({worst.get('case', '-')}).",
-            "",
-        ]
-    parity = report.get("parity")
-    if parity:
-        lines += [
-            f"Greedy agreement over {parity['new_tokens']} new tokens on chat-templated prompts: the leading tokens "
-            "each pair of runs shares, per prompt (8 prompts alone, then the same 8 as one left-padded batch). "
-            "transformers' float32 model is the oracle: fp16 rounding alone moves near-ties, and random weights have "
-            "many.",
-            "",
-            "**Greedy agreement**",
-            "",
-            "| prompt | batch | vaswani ORT fp16 = PyTorch fp16 | vaswani ORT fp16 = PyTorch fp32 | PyTorch fp16 = "
-            "PyTorch fp32 | first step's top-2 gap (fp32) |",
-            "|---:|---:|---:|---:|---:|---:|",
-        ]
-        for index, row in enumerate(parity["rows"]):
-            lines.append(
-                f"| {index % len(CHAT_QUESTIONS) + 1} | {row['batch']} | {row['ort_fp16_vs_pytorch_fp16']} | "
-                f"{row['ort_fp16_vs_pytorch_fp32']} | {row['pytorch_fp16_vs_pytorch_fp32']} | "
-                f"{row['first_step_top2_gap_fp32']:.3f} |"
-            )
-        lines.append("")
-    rows = report.get("rows", [])
-    if rows:
-        settings = report["settings"]
-        baseline = {row["batch_size"]: row for row in rows if row["system"] == "transformers-static"}
-        lines += [
-            f"Decode speed, fp16, greedy, {settings['prompt_tokens']}-token prompts, {settings['new_tokens']} new tokens; "
-            f"best of {settings['rounds']} rounds (each system in a process of its own, alternating; per-round "
-            "figures in the JSON). The bound is the memory bandwidth `vaswani bench` measured in the same round as the "
-            "row's decode rate, over the weight bytes a step reads.",
-            "",
-            "**Decode**",
-            "",
-            "| system | batch | time to first token | decode tokens/s | of the bound | vs transformers static |",
-            "|---|---:|---:|---:|---:|---:|",
-        ]
-        for row in rows:
-            reference = baseline.get(row["batch_size"])
-            ratio = f"{row['decode_tokens_per_s'] / reference['decode_tokens_per_s']:.2f}x" if reference else "-"
-            lines.append(
-                f"| {row['system']} | {row['batch_size']} | {row['time_to_first_token_ms']:.1f} ms | "
-                f"{row['decode_tokens_per_s']:.0f} | {row['bound_fraction']:.1%} | {ratio} |"
-            )
-        lines.append("")
-    first_run = report.get("first_run")
-    if first_run:
-        lines += [
-            f"An earlier run (commit {first_run['commit']}, {first_run['settings']['new_tokens']} new tokens): "
-            f"{first_run['note']}: `{first_run['log']}`.",
-            "",
-        ]
-    for name, error in report.get("failures", {}).items():
-        lines += [f"**{name} failed:**", "", "```", error.strip()[-1500:], "```", ""]
-    return "\n".join(lines)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=Path("/tmp/vaswani-gpu-bench"), help="folders are written here")
@@ -393,17 +315,21 @@ def main() -> None:
 
 
 def publish(report: dict, json_path: Path, markdown_path: Path | None) -> str:
-    """The page through `results.py`: the rendered report's tables, the raw report, and the GPU it ran on."""
+    """The page through `results.py`: the raw report, the GPU it ran on, and the tables computed from them."""
     sys.path.insert(0, str(HERE))
-    from results import from_markdown, write
+    from results import write
 
-    results = from_markdown(render(report), report, threads=None, shared=False)
     info = report["machine"]
-    results["command"] = f"python benchmarks/benchmark_gpu.py --json {json_path.name} --markdown {json_path.stem}.md"
-    results["machine"] = {
-        "gpu": f"one {info['gpu']} ({info.get('driver, memory', '')}), commit {info['commit']}",
-        "date": info["date"],
-        "versions": {name: info[name] for name in ("torch", "cuda", "transformers", "onnxruntime") if name in info},
+    results = {
+        "title": "GPU: fp16 export on ONNX Runtime's CUDA provider beside transformers",
+        "command": f"python benchmarks/benchmark_gpu.py --json {json_path.name} --markdown {json_path.stem}.md",
+        "machine": {
+            "gpu": f"one {info['gpu']} ({info.get('driver, memory', '')}), commit {info['commit']}",
+            "date": info["date"],
+            "versions": {name: info[name] for name in ("torch", "cuda", "transformers", "onnxruntime") if name in info},
+        },
+        "tables_from": "gpu_decode",  # results.gpu_decode_tables: every figure from the raw rounds
+        "raw": report,
     }
     return write(results, json_path, markdown_path)
 

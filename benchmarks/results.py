@@ -421,6 +421,92 @@ def profile_tables(raw: dict, described: dict) -> list[dict]:
     return [made]
 
 
+@table_maker("gpu_decode")
+def gpu_decode_tables(raw: dict, described: dict) -> list[dict]:
+    """benchmarks/benchmark_gpu.py: the export's validation, the greedy agreement per prompt, then per system and
+    batch size the decode rate and time to first token (medians with the range over rounds), each round's fraction
+    of the bound that same round measured, and the rate against transformers' static-cache model round by round."""
+    text = [
+        "SmolLM2-135M-Instruct's shape with seeded random weights at the trained tensors' scales (speed does not "
+        "depend on the values; quality is not measured here)."
+    ]
+    exported = raw.get("export")
+    if exported:
+        validation = exported["validation"] or {}
+        logits = [row for row in validation.get("rows", []) if row["output"] == "logits"]
+        worst = max(logits, key=lambda row: row["max_abs_diff"] / row["allowed"]) if logits else {}
+        text.append(
+            f"**Export.** `{exported['command']}`: {exported['seconds']:.0f} s; validated on "
+            f"{validation.get('provider')} against PyTorch ({validation.get('tolerance_kind')} tolerance): passed "
+            f"{validation.get('passed')}; logits' largest difference {worst.get('max_abs_diff', float('nan')):.4g} "
+            f"where {worst.get('allowed', float('nan')):.4g} is allowed ({worst.get('case', '-')})."
+        )
+    made = []
+    parity = raw.get("parity")
+    if parity:
+        prompts = len(parity["rows"]) // 2 or 1
+        text.append(
+            f"Greedy agreement over {parity['new_tokens']} new tokens on chat-templated prompts: the leading tokens "
+            f"each pair of runs shares, per prompt ({prompts} prompts alone, then the same {prompts} as one "
+            "left-padded batch). transformers' float32 model is the oracle: fp16 rounding alone moves near-ties, and "
+            "random weights have many."
+        )
+        rows = [
+            [
+                str(index % prompts + 1), str(row["batch"]), str(row["ort_fp16_vs_pytorch_fp16"]),
+                str(row["ort_fp16_vs_pytorch_fp32"]), str(row["pytorch_fp16_vs_pytorch_fp32"]),
+                f"{row['first_step_top2_gap_fp32']:.3f}",
+            ]
+            for index, row in enumerate(parity["rows"])
+        ]  # fmt: skip
+        columns = [
+            "prompt", "batch", "vaswani ORT fp16 = PyTorch fp16", "vaswani ORT fp16 = PyTorch fp32",
+            "PyTorch fp16 = PyTorch fp32", "first step's top-2 gap (fp32)",
+        ]  # fmt: skip
+        made.append(table("Greedy agreement", columns, rows))
+        made[-1]["text"], text = text, []
+    settings, rows = raw["settings"], []
+    baseline = raw["runs"].get("transformers-static") or []
+    for name, results in raw["runs"].items():
+        if not results:
+            continue
+        for index, first in enumerate(results[0]["rows"]):
+            rates = [result["rows"][index]["decode_tokens_per_s"] for result in results]
+            reference = [result["rows"][index]["decode_tokens_per_s"] for result in baseline]
+            rows.append([
+                name, str(first["batch_size"]),
+                spread([result["rows"][index]["time_to_first_token_s"] * 1e3 for result in results], 1, " ms"),
+                spread(rates, 0), spread([result["rows"][index]["bound_fraction"] * 100 for result in results], 1, "%"),
+                spread(paired_ratios(rates, reference), 2, "x") if reference else "-",
+            ])  # fmt: skip
+    if rows:
+        columns = [
+            "system",
+            "batch",
+            "time to first token",
+            "decode tokens/s",
+            "of the bound",
+            "vs transformers static",
+        ]
+        made.append(table("Decode", columns, rows))
+        made[-1]["text"] = text + [
+            f"Decode speed, fp16, greedy, {settings['prompt_tokens']}-token prompts, {settings['new_tokens']} new "
+            f"tokens; {settings['rounds']} round(s), medians with the range over rounds (each system in a process of "
+            "its own, alternating). Each round's bound is the memory bandwidth `vaswani bench` measured in that round, "
+            "over the weight bytes a step reads; systems with no round did not run."
+        ]
+        text = []
+    first_run = raw.get("first_run")
+    if first_run and made:
+        made[-1].setdefault("text", []).append(
+            f"An earlier run (commit {first_run['commit']}, {first_run['settings']['new_tokens']} new tokens): "
+            f"{first_run['note']}: `{first_run['log']}`."
+        )
+    for name, error in raw.get("failures", {}).items():
+        made.append(table(f"{name} failed", ["error (its last lines)"], [[error.strip()[-300:].replace("|", "/")]]))
+    return made
+
+
 @table_maker("reference_cpu")
 def reference_cpu_tables(raw: dict, described: dict) -> list[dict]:
     """benchmarks/benchmark_reference_cpu.py: per build and batch size, from each round's `vaswani bench` result, the

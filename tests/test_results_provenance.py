@@ -30,7 +30,6 @@ CSV_SOURCED = {"extrapolation.md": "examples/extrapolation_study.py"}
 # is quoted by the README (see test_the_pages_the_readme_quotes_compute_their_tables). Convert a page by giving its
 # script a table maker in benchmarks/results.py and writing `tables_from` and raw values instead of `tables`.
 TEXT_TABLE_PAGES = {
-    "benchmark_gpu.md": "benchmarks/benchmark_gpu.py",
 }
 # README-quoted pages whose scripts another change is converting; each leaves this list when its page computes its
 # tables (the int4 domains page is being measured again with held-out texts; the 1B bound page with a bandwidth
