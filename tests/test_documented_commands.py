@@ -104,8 +104,14 @@ INLINE_RUN = (
 )
 # Words in inline commands that stand for a value the reader supplies, and what the parse check gives in their place.
 PLACEHOLDERS = {
-    "FOLDER": "./my-decoder", "FILE": "train.txt", "T": "2", "B": "8", "HF_DIR": "./llama-folder",
-    "VASWANI_DIR": "./my-decoder", "ARCH": "llama", "...": None,
+    "FOLDER": "./my-decoder",
+    "FILE": "train.txt",
+    "T": "2",
+    "B": "8",
+    "HF_DIR": "./llama-folder",
+    "VASWANI_DIR": "./my-decoder",
+    "ARCH": "llama",
+    "...": None,
 }
 
 
@@ -145,7 +151,10 @@ COMMAND_CHECKS = [
         "rows = [json.loads(line) for line in open(option(command, '--conversations'))]\n"
         "assert rows and all(row['messages'][-1]['role'] == 'assistant' for row in rows)",
     ),
-    (r"python examples/extrapolation_study.py --quick", "assert any(pathlib.Path(option(command, '--output')).iterdir())"),
+    (
+        r"python examples/extrapolation_study.py --quick",
+        "assert any(pathlib.Path(option(command, '--output')).iterdir())",
+    ),
     (r".venv/bin/python examples/demo.py --help", "assert '--steps' in stdout and '--no-onnx' in stdout, stdout"),
     (r"export ", ""),  # sets a variable for the next commands, which use it
 ]
@@ -156,7 +165,9 @@ def command_check(command: str) -> str:
     check = next((check for pattern, check in COMMAND_CHECKS if re.match(pattern, command, flags=re.S)), None)
     assert check is not None, f"no check in COMMAND_CHECKS for {command!r}: say what its answer must be"
     # vaswani imported: its folders load with the Auto classes
-    imports = "import pathlib, re\nimport vaswani\nfrom documented_commands import option, completion_answer, streamed_chat\n"
+    imports = (
+        "import pathlib, re\nimport vaswani\nfrom documented_commands import option, completion_answer, streamed_chat\n"
+    )
     return imports + check
 
 
@@ -202,9 +213,7 @@ _LOSS = (  # next-token cross-entropy, written out
     "expected = F.cross_entropy(output.logits[0, :-1], input_ids[0, 1:])\n"
     "assert torch.allclose(output.loss, expected, atol=1e-6), (output.loss, expected)\n"
 )
-_SAME_WEIGHTS = (
-    "assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in saved_weights.items())\n"
-)
+_SAME_WEIGHTS = "assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in saved_weights.items())\n"
 # After each Python block: its answer. `outputs` holds the values of its top-level expressions, in order.
 PYTHON_CHECKS = {
     "README.md#0": _LOSS + "assert tokens.shape == (1, 13)\n" + _GREEDY,
@@ -299,9 +308,17 @@ def llama_shaped_chat_folder(folder: Path, tokenizer) -> Path:
     """A tiny vaswani chat decoder that `vaswani convert --reverse llama` maps (RMSNorm, SwiGLU, RoPE, GQA) and whose
     head_dim of 16 lets int8 exports take ONNX Runtime's GroupQueryAttention form, as SmolLM2's do."""
     config = tiny_decoder_config(
-        vocab_size=len(tokenizer), hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=CONTEXT, position_embedding_type="rope", norm_type="rmsnorm", gated_ffn=True,
-        hidden_act="silu", eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=CONTEXT,
+        position_embedding_type="rope",
+        norm_type="rmsnorm",
+        gated_ffn=True,
+        hidden_act="silu",
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
     )
     model = build_model(VaswaniForCausalLM, config, "sdpa")
     model.save_pretrained(folder)
@@ -319,8 +336,14 @@ def stock(tmp_path_factory) -> Path:
         shutil.copytree(chat_folder, root / name)
     llama = LlamaForCausalLM(
         LlamaConfig(
-            vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, eos_token_id=tokenizer.eos_token_id, pad_token_id=0,
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=0,
         )
     )
     for name in ("llama-folder", "path/to/llama"):
@@ -396,10 +419,15 @@ def page_plan(page: Path, port: int) -> list[dict]:
             continue
         name, python_index = f"{relative}#{python_index}", python_index + 1
         if not any(marker in source for marker in NOT_RUN_PYTHON):
-            steps.append({
-                "kind": "python", "name": name, "given": PYTHON_GIVEN.get(name, ""),
-                "source": re.sub(r"\b(8000|8443)\b", str(port), source), "check": "import torch\n" + PYTHON_CHECKS[name],
-            })
+            steps.append(
+                {
+                    "kind": "python",
+                    "name": name,
+                    "given": PYTHON_GIVEN.get(name, ""),
+                    "source": re.sub(r"\b(8000|8443)\b", str(port), source),
+                    "check": "import torch\n" + PYTHON_CHECKS[name],
+                }
+            )
     for command in inline_commands(page):
         if command.startswith(INLINE_RUN):
             add_command(command)
@@ -423,7 +451,11 @@ def test_a_page_runs(page: Path, stock: Path, tmp_path: Path):
     plan.write_text(json.dumps(page_plan(page, free_port())))
     result = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "documented_commands.py"), str(plan)],
-        cwd=sandbox, env=environment, capture_output=True, text=True, timeout=900,
+        cwd=sandbox,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     output = f"--- stdout\n{result.stdout[-6000:]}\n--- stderr\n{result.stderr[-6000:]}"
     assert result.returncode == 0, f"{page.name}:\n{output}"
@@ -462,7 +494,8 @@ def test_every_documented_command_is_run_or_listed():
     assert not unused, f"NOT_PARSED or INLINE_RUN list commands no page shows any more: {unused}"
     runs = runnable_fenced_commands()
     unchecked = [
-        command for command in listed_inline
+        command
+        for command in listed_inline
         if not not_run_reason(command) and not any(run.startswith(command) for run in runs)
     ]
     assert not unchecked, f"inline commands neither run, parsed nor listed in NOT_RUN: {unchecked}"
@@ -471,7 +504,8 @@ def test_every_documented_command_is_run_or_listed():
     names = {f"{page.relative_to(ROOT)}#{index}" for page in PAGES for index, _ in enumerate(python_blocks(page))}
     unlisted = {
         f"{page.relative_to(ROOT)}#{index}"
-        for page in PAGES for index, source in enumerate(python_blocks(page))
+        for page in PAGES
+        for index, source in enumerate(python_blocks(page))
         if any(marker in source for marker in NOT_RUN_PYTHON)
     }
     assert set(PYTHON_CHECKS) == names - unlisted, "every Python block that runs has a check, and no check is stale"
@@ -479,7 +513,10 @@ def test_every_documented_command_is_run_or_listed():
     for page in PAGES:
         fences = re.findall(r"^```(\w*)$", page.read_text(), flags=re.M)
         opening = fences[::2]  # commands in ```bash, output in ```text, code in ```python: an unnamed block hides
-        assert all(language in ("bash", "python", "text", "json", "yaml", "toml") for language in opening), (page, opening)
+        assert all(language in ("bash", "python", "text", "json", "yaml", "toml") for language in opening), (
+            page,
+            opening,
+        )
 
 
 def parse_words(command: str) -> list[str]:
@@ -507,7 +544,11 @@ def test_inline_commands_parse(tmp_path: Path):
     environment = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     result = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "documented_commands.py"), "--parse", str(checks)],
-        cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     last = [line for line in result.stdout.splitlines() if line.startswith("PARSED ")]
     assert result.returncode == 0 and last, result.stdout[-3000:] + result.stderr[-3000:]
@@ -526,14 +567,24 @@ def make_commands() -> list[str]:
 def test_make_commands_dry_run(command: str):
     """Each documented `make` command names a real target with the options it shows (`make -n` prints what it would
     run and runs nothing); `make demo ARGS=...` runs examples/demo.py with exactly those arguments."""
+    # Run as a user types it: under `make test` the suite inherits MAKELEVEL and MAKEFLAGS, with which a make prints
+    # "make[1]: Entering directory" around what it would run, and the ARGS given to `make test` itself.
+    inherited = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "ARGS")
+    environment = {name: value for name, value in os.environ.items() if name not in inherited}
     result = subprocess.run(
-        [*shlex.split(command)[:1], "-n", *shlex.split(command)[1:]], cwd=ROOT, capture_output=True, text=True
+        [*shlex.split(command)[:1], "-n", *shlex.split(command)[1:]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=environment,
     )
     assert result.returncode == 0, result.stderr
     arguments = re.search(r'ARGS="([^"]*)"', command)
     if command.startswith("make demo"):
         arguments = shlex.split(arguments.group(1)) if arguments else []
-        assert result.stdout.splitlines()[-1].split() == [".venv/bin/python", "examples/demo.py", *arguments], result.stdout
+        assert result.stdout.splitlines()[-1].split() == [".venv/bin/python", "examples/demo.py", *arguments], (
+            result.stdout
+        )
 
 
 # ------------------------------------------------------------------------------------------------ the demo
@@ -567,13 +618,20 @@ def test_the_demo_runs(tmp_path: Path):
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     environment = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     result = subprocess.run(
-        [sys.executable, "examples/demo.py", *arguments], cwd=tmp_path, env=environment, capture_output=True,
-        text=True, timeout=600,
+        [sys.executable, "examples/demo.py", *arguments],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     for promise in (
-        "saved model and tokenizer to outputs/demo-model", "reloaded VaswaniForCausalLM", "[greedy] ", "[sampled] ",
+        "saved model and tokenizer to outputs/demo-model",
+        "reloaded VaswaniForCausalLM",
+        "[greedy] ",
+        "[sampled] ",
         "ONNX Runtime's greedy tokens are identical to PyTorch's",
     ):
         assert promise in out, (promise, out[-3000:])
@@ -586,7 +644,7 @@ def test_the_demo_runs(tmp_path: Path):
     # The demo's held-out split (its last 10% of stories), windows of --block-size tokens, cross-entropy by hand.
     model, tokenizer = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
     stories = corpus_stories()
-    held_out = stories[int(0.9 * len(stories)):]
+    held_out = stories[int(0.9 * len(stories)) :]
     encoded = tokenizer(held_out, add_special_tokens=False)["input_ids"]
     ids = [token for story in encoded for token in [tokenizer.eos_token_id, *story]]
     block = 128 if "--block-size" not in arguments else int(arguments[arguments.index("--block-size") + 1])
@@ -603,7 +661,9 @@ def test_the_commands_are_split_as_a_shell_would():
     are code spans outside fenced blocks that start with a command word."""
     from documented_commands import bash_commands
 
-    source = "# a comment\nvaswani export --model a \\\n    --output b   # trailing\n\npython - <<'PY'\nprint(1)\nPY\nls\n"
+    source = (
+        "# a comment\nvaswani export --model a \\\n    --output b   # trailing\n\npython - <<'PY'\nprint(1)\nPY\nls\n"
+    )
     commands = bash_commands(source)
     assert commands == ["vaswani export --model a      --output b   # trailing", "python - <<'PY'\nprint(1)\nPY", "ls"]
     assert shlex.split(commands[0], comments=True) == ["vaswani", "export", "--model", "a", "--output", "b"]
@@ -612,8 +672,10 @@ def test_the_commands_are_split_as_a_shell_would():
 
 def test_inline_commands_are_read_from_prose_only(tmp_path: Path):
     page = tmp_path / "page.md"
-    page.write_text("Run `vaswani serve FOLDER`, not `serve`; or `make demo ARGS=\"--steps 5\"`.\n\n```bash\n"
-                    "`vaswani chat x`\n```\nSee ``python x.py`` and `python y.py --z`.\n")
+    page.write_text(
+        'Run `vaswani serve FOLDER`, not `serve`; or `make demo ARGS="--steps 5"`.\n\n```bash\n'
+        "`vaswani chat x`\n```\nSee ``python x.py`` and `python y.py --z`.\n"
+    )
     assert inline_commands(page) == ["vaswani serve FOLDER", 'make demo ARGS="--steps 5"', "python y.py --z"]
 
 
