@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import build_model, random_ids, tiny_decoder_config, tiny_seq2seq_config
-from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from packaging.version import Version
+from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.generation import utils as generation_utils
 
 from vaswani import VaswaniForCausalLM, VaswaniForConditionalGeneration

@@ -30,8 +30,8 @@ from .pretrained import (
     check_positions,
     default_position_ids,
     merge_cache_arguments,
-    takes_the_cache_under_its_old_name,
     slice_logits_to_keep,
+    takes_the_cache_under_its_old_name,
 )
 
 

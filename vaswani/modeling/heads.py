@@ -24,8 +24,8 @@ from .pretrained import (
     cache_of,
     check_classification_labels,
     merge_cache_arguments,
-    takes_the_cache_under_its_old_name,
     pool_hidden_states,
+    takes_the_cache_under_its_old_name,
 )
 
 

@@ -29,8 +29,8 @@ from .pretrained import (
     cache_of,
     check_labels,
     merge_cache_arguments,
-    takes_the_cache_under_its_old_name,
     slice_logits_to_keep,
+    takes_the_cache_under_its_old_name,
 )
 
 
