@@ -1,7 +1,7 @@
 """How long it takes to build an ONNX folder from a transformers checkpoint: two commands (`vaswani convert`, then
 `vaswani export` of the vaswani folder) against one (`vaswani export --model HF_DIR`, converting in memory).
 
-Every command runs in a fresh Python process (`python -m vaswani.cli`, from this checkout), as a user runs it;
+Every command runs in a fresh Python process (`python -m vaswani.cli.main`, from this checkout), as a user runs it;
 rounds alternate which way goes first, so that drift on a shared machine hits both. Times are wall clock, Python
 start and imports included. After each pair of builds the two `model.onnx` files (and their weights) are compared
 byte for byte. Outputs go under `--work-dir` and are deleted after each pair.
@@ -33,7 +33,7 @@ BUILD_FOLDERS = ("vaswani", "two-commands", "one-process")  # under --work-dir; 
 def timed_command(arguments: list[str]) -> tuple[float, float]:
     """Run `vaswani ARGUMENTS` in a fresh Python: (wall seconds, seconds from its last line of output to its exit)."""
     # `-m` from the repository root imports this checkout, and runs `main()` as the console script does.
-    command = [sys.executable, "-m", "vaswani.cli", *arguments]
+    command = [sys.executable, "-m", "vaswani.cli.main", *arguments]
     environment = {**os.environ, "PYTHONUNBUFFERED": "1"}  # lines arrive when printed, so their times are real
     start = time.perf_counter()
     process = subprocess.Popen(

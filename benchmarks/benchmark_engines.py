@@ -295,7 +295,7 @@ def build_reference_bart(folder: Path, seed: int = 0) -> None:
     from transformers import BartConfig, BartForConditionalGeneration
 
     from vaswani.data import corpus_stories
-    from vaswani.tokenization import train_tokenizer
+    from vaswani.data.tokenization import train_tokenizer
 
     vocab_size = BART_SHAPE["vocab_size"]
     tokenizer = train_tokenizer(corpus_stories(), vocab_size=vocab_size, model_max_length=1024)

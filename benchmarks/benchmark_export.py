@@ -38,7 +38,7 @@ RANDOM_DEPTHS = {"30": 30, "60": 60}
 
 def timed_command(arguments: list[str]) -> tuple[float, list[tuple[float, str]]]:
     """Run `vaswani ARGUMENTS` in a fresh Python; (wall seconds, [(seconds since start, line)] of its output)."""
-    command = [sys.executable, "-c", "import sys; from vaswani.cli import main; sys.exit(main(sys.argv[1:]))"]
+    command = [sys.executable, "-c", "import sys; from vaswani.cli.main import main; sys.exit(main(sys.argv[1:]))"]
     environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
     start = time.perf_counter()
     process = subprocess.Popen(
@@ -123,7 +123,7 @@ def decode_child(folder: Path) -> None:
     warm-up; prints JSON with tokens per second and the tokens."""
     import torch
 
-    from vaswani.conversion import OrtModelForCausalLM
+    from vaswani.runtime import OrtModelForCausalLM
 
     model = OrtModelForCausalLM.from_pretrained(folder)
     prompt = torch.randint(3, model.config.vocab_size, (1, DECODE_PROMPT), generator=torch.Generator().manual_seed(0))

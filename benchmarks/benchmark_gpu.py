@@ -106,7 +106,7 @@ def parity_child(work: Path, device: str) -> None:
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from vaswani.conversion.onnx import OrtModelForCausalLM
+    from vaswani.runtime import OrtModelForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(work / "llama-fp16")
     tokenizer.padding_side = "left"

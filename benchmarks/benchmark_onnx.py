@@ -46,11 +46,11 @@ from transformers import (
 )
 
 import vaswani  # noqa: F401  (registers the vaswani models with the Auto classes)
-from vaswani.benchmarking import memory_bandwidth
-from vaswani.conversion import OrtModelForCausalLM, OrtModelForSeq2SeqLM, export_onnx
 from vaswani.conversion.checkpoints import from_transformers
-from vaswani.conversion.onnx import OrtModelForGeneration, default_session_options
-from vaswani.perplexity import summed_nll
+from vaswani.evaluation.perplexity import summed_nll
+from vaswani.evaluation.speed import memory_bandwidth
+from vaswani.export import export_onnx
+from vaswani.runtime import OrtModelForCausalLM, OrtModelForGeneration, OrtModelForSeq2SeqLM, default_session_options
 
 SECTIONS = ("decoder", "seq2seq", "int8", "gpu")
 BARS = {"decoder": 2.5, "seq2seq": 2.5, "int8": 5.0}

@@ -42,7 +42,7 @@ def export_builds(name: str, model: Path, work: Path, precisions: list[str], int
         options = {**PRECISIONS[precision], **(int4_options if precision == "int4" else {})}
         if not (folder / "manifest.json").is_file():
             code = (
-                "from vaswani.conversion.onnx import export_onnx; "
+                "from vaswani.export import export_onnx; "
                 f"export_onnx({str(model)!r}, {str(folder)!r}, validate=False, overwrite=True, progress=print, **{options!r})"
             )
             run([sys.executable, "-c", code])

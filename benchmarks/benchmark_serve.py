@@ -47,8 +47,7 @@ def offline_worker(folder: str, threads: int, new_tokens: int) -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from vaswani.conversion import OrtModelForCausalLM
-    from vaswani.conversion.onnx import default_session_options
+    from vaswani.runtime import OrtModelForCausalLM, default_session_options
 
     torch.set_num_threads(threads)
     model = OrtModelForCausalLM.from_pretrained(folder, session_options=default_session_options(threads))
@@ -114,7 +113,7 @@ def start_server(folder: str, args) -> tuple[subprocess.Popen, str]:
     command = [
         sys.executable,
         "-m",
-        "vaswani.cli",
+        "vaswani.cli.main",
         "serve",
         folder,
         "--port",
@@ -273,7 +272,7 @@ def report(results: dict[str, list[dict]], args) -> str:
         graph = seconds["prefill"] + seconds["decode"]
         lines += [
             "",
-            f"Engine time over the whole run (from the server's /health): graph calls {graph:.1f} s (prefill "
+            f"Scheduler time over the whole run (from the server's /health): graph calls {graph:.1f} s (prefill "
             f"{seconds['prefill']:.1f}, decode {seconds['decode']:.1f}); batching work around them: joining prefilled "
             f"rows {1000 * seconds['join']:.0f} ms, dropping rows {1000 * seconds['leave']:.0f} ms, choosing tokens "
             f"{1000 * seconds['sampling']:.0f} ms ({100 * (seconds['join'] + seconds['leave']) / graph:.2f}% of the "

@@ -122,7 +122,7 @@ def prepare(args, engines: list[str]) -> tuple[dict, dict]:
         )
         gguf_env = {**env, "PYTHONPATH": os.pathsep.join([str(pylib), env["PYTHONPATH"]])}
         run([sys.executable, "-c", script, str(work), str(paths["hf"])], log, gguf_env)
-    vaswani = [sys.executable, "-m", "vaswani.cli"]
+    vaswani = [sys.executable, "-m", "vaswani.cli.main"]
     if any(engine.startswith("vaswani-") for engine in engines) and not (paths["vaswani"] / "config.json").is_file():
         run(vaswani + ["convert", "--from", str(paths["hf"]), "--to", str(paths["vaswani"])], log, env)
     suffix = "-" + "-".join(arg.lstrip("-") for arg in shlex.split(args.export_flags)) if args.export_flags else ""
@@ -182,7 +182,7 @@ def server_command(engine: str, path: Path, port: int, args) -> tuple[list[str],
     env = {**os.environ, "OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
     host = ["--host", "127.0.0.1", "--port", str(port)]
     if family == "vaswani":
-        command = [sys.executable, "-m", "vaswani.cli", "serve", str(path), *host, "--threads", threads]
+        command = [sys.executable, "-m", "vaswani.cli.main", "serve", str(path), *host, "--threads", threads]
         command += ["--max-batch", batch, "--max-waiting", str(4 * args.num_prompts), "--model-name", engine]
         command += shlex.split(args.vaswani_flags)
         return command, project_env(args.threads), {"ignore_eos": True}

@@ -3,7 +3,7 @@ onnxruntime-genai's model-builder folders (as benchmarks/benchmark_engines.py bu
 exports and transformers' PyTorch model.
 
 The text is tokenized once, here, by the transformers folder's tokenizer (the first `--max-tokens` tokens, no special
-tokens), and cut into the windows `vaswani perplexity` scores (`vaswani.perplexity.strided_windows`: `--window`
+tokens), and cut into the windows `vaswani perplexity` scores (`vaswani.evaluation.perplexity.strided_windows`: `--window`
 tokens of context, a new window every `--stride` tokens, each token scored once); each system scores the same token
 ids in the same windows, each window from an empty cache. The engines run in their own venvs
 (benchmarks/benchmark_engines/gguf_tools.py, openvino_tools.py and ortgenai_tools.py, scoring through
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from vaswani.perplexity import strided_windows, summed_nll, text_ids
+from vaswani.evaluation.perplexity import strided_windows, summed_nll, text_ids
 
 HELPERS = Path(__file__).resolve().parent / "benchmark_engines"
 
@@ -74,8 +74,7 @@ def systems(args: argparse.Namespace) -> list[tuple[str, str, callable]]:
     """(name, how it ran, a function of the token ids returning the perplexity) for every system asked for."""
     from transformers import AutoModelForCausalLM
 
-    from vaswani.conversion import OrtModelForCausalLM
-    from vaswani.conversion.onnx import default_session_options
+    from vaswani.runtime import OrtModelForCausalLM, default_session_options
 
     def with_torch(load):
         def measure(ids: list[int]) -> float:

@@ -9,14 +9,14 @@ The first `--build` is the reference. Texts (all ship with the repository or are
 
 - Tuning texts: the five that chose the int4 export's 8-bit budget default (0.3) and compared its layouts: technical
   = docs/results/real_model_text.txt, legal and dialogue = benchmarks/texts/, code = the package's own
-  `vaswani/perplexity.py` and `vaswani/loading.py`, stories = a story corpus generated with another seed than the
+  `vaswani/evaluation/perplexity.py` and `vaswani/runtime/loading.py`, stories = a story corpus generated with another seed than the
   bundled one (`examples/make_corpus.py --seed 7`; the int4 calibration reads the bundled stories, so this domain is
   the nearest to it).
 - Held-out texts: every file in benchmarks/texts/held_out/ (news, recipes, verse, an encyclopedia article, letters;
   its README says where each comes from). No default was chosen on them; a choice made on them would make them tuning
   texts, and they would have to be replaced by new held-out ones.
 
-Each text is cut to `CHARACTERS` at a line end. Perplexity is `vaswani.perplexity`'s: strided windows of `--context`
+Each text is cut to `CHARACTERS` at a line end. Perplexity is `vaswani.evaluation.perplexity`'s: strided windows of `--context`
 tokens, `--stride` apart. The JSON keeps the raw values (each build's perplexity, mean NLL and token count per text,
 and its weight bytes); the tables are computed from them (`domain_tables`).
 
@@ -90,7 +90,7 @@ def describe_build(folder: str) -> str:
 def decoder_weight_bytes(folder: str) -> int:
     """Bytes of weights a decode step of the export reads (`vaswani bench`'s figure: the graph's initializers less the
     embedding table it only looks rows up in)."""
-    from vaswani.benchmarking import initializer_bytes, lookup_tables
+    from vaswani.evaluation.speed import initializer_bytes, lookup_tables
 
     graph = Path(folder) / "model.onnx"
     tables = lookup_tables(graph)
@@ -105,7 +105,7 @@ def bench_rounds(builds: dict[str, str], rounds: int, threads: int) -> dict[str,
         for round_index in range(rounds):
             for name in names[round_index % len(names) :] + names[: round_index % len(names)]:
                 output = Path(scratch) / "bench.json"
-                command = [sys.executable, "-m", "vaswani.cli", "bench", builds[name], "--batch-sizes", "1", "8"]
+                command = [sys.executable, "-m", "vaswani.cli.main", "bench", builds[name], "--batch-sizes", "1", "8"]
                 command += ["--new-tokens", "64", "--rounds", "1", "--threads", str(threads), "--json", str(output)]
                 subprocess.run(command, check=True, capture_output=True)
                 results[name].append(json.loads(output.read_text()))
@@ -206,7 +206,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
-    from vaswani.perplexity import folder_perplexity
+    from vaswani.evaluation.perplexity import folder_perplexity
 
     builds = dict(build.split("=", 1) for build in args.build)
     sets = {TUNING: tuning_texts(), HELD_OUT: held_out_texts()}

@@ -25,10 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_model import DEFAULT_PROMPT, folder_megabytes, prompt_ids  # noqa: E402
 
 import vaswani  # noqa: E402, F401
-from vaswani.conversion import OrtModelForCausalLM, export_onnx  # noqa: E402
-from vaswani.conversion.onnx.int4 import CALIBRATION_TOKENS  # noqa: E402
-from vaswani.conversion.onnx.postprocess import DEFAULT_INT4_METHOD, INT4_METHODS  # noqa: E402
-from vaswani.perplexity import model_perplexity, text_ids  # noqa: E402
+from vaswani.evaluation.perplexity import model_perplexity, text_ids  # noqa: E402
+from vaswani.export import export_onnx  # noqa: E402
+from vaswani.export.postprocess import DEFAULT_INT4_METHOD, INT4_METHODS  # noqa: E402
+from vaswani.quantization.int4 import CALIBRATION_TOKENS  # noqa: E402
+from vaswani.runtime import OrtModelForCausalLM  # noqa: E402
 
 
 def decode_speed(folder: Path, prompt: str, new_tokens: int, threads: int) -> float:

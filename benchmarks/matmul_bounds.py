@@ -25,10 +25,10 @@ import torch
 from quantized_validation_bounds import random_models
 from results import command_line, machine, write
 
-from vaswani.conversion.onnx import OnnxValidationError, export_onnx
-from vaswani.conversion.onnx.contract import save_graph
-from vaswani.conversion.onnx.matmul_check import quantized_matmul_errors, record_graphs
-from vaswani.conversion.onnx.postprocess import quantization_format, quantize_graph
+from vaswani.export import OnnxValidationError, export_onnx
+from vaswani.export.postprocess import quantization_format, quantize_graph
+from vaswani.quantization.matmul_check import quantized_matmul_errors, record_graphs
+from vaswani.runtime.contract import save_graph
 
 CORRUPTIONS = {"scales x1.25": 1.25, "scales doubled": 2.0, "scales zeroed": 0.0}
 

@@ -1,7 +1,7 @@
 """The OpenVINO route (`--engine openvino`) against ONNX Runtime alone, on the same portable exports: time to first
 token of a long prompt, decode tokens/s at batch 1 and 8, and the memory each process peaks at.
 
-Systems, each timed in a process of its own (`vaswani.benchmarking.bench_folder`, what `vaswani bench` runs), in
+Systems, each timed in a process of its own (`vaswani.evaluation.speed.bench_folder`, what `vaswani bench` runs), in
 rotated order for `--rounds` rounds (figures: medians over rounds; ratios: medians of per-round ratios):
 - ONNX Runtime: `vaswani bench FOLDER`;
 - OpenVINO route: `vaswani bench FOLDER --engine openvino` (OpenVINO at its automatic precision; `generate` runs
@@ -48,11 +48,11 @@ def worker(args: argparse.Namespace) -> None:
     """One system on one export, in this process: prints one JSON line."""
     import torch
 
-    from vaswani.benchmarking import bench_folder
-    from vaswani.loading import load_folder
-    from vaswani.perplexity import model_perplexity
+    from vaswani.evaluation.perplexity import model_perplexity
+    from vaswani.evaluation.speed import bench_folder
+    from vaswani.runtime.loading import load_folder
 
-    torch.set_num_threads(1)  # as `vaswani bench` sets it for an ONNX folder (vaswani.loading.set_command_threads)
+    torch.set_num_threads(1)  # as `vaswani bench` sets it for an ONNX folder (vaswani.runtime.loading.set_command_threads)
     system = SYSTEMS[args.system]
     loaded = load_folder(args.worker, "cpu", args.threads, "text-generation", system["engine"])
     if system.get("prompts_only"):

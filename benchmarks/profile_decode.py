@@ -45,8 +45,7 @@ def generate_vaswani(folder: Path, prompt: list[int], new_tokens: int, threads: 
     """Greedy generation by vaswani's runtime with the decoding graph's session profiled; the trace's path."""
     import torch
 
-    from vaswani.conversion import OrtModelForCausalLM
-    from vaswani.conversion.onnx import default_session_options
+    from vaswani.runtime import OrtModelForCausalLM, default_session_options
 
     torch.set_num_threads(threads)
     options = default_session_options(threads)
@@ -83,7 +82,7 @@ def weight_bytes(graph_path: Path) -> dict[str, int]:
     """Bytes of the initializers each weight product reads (weights, scales, zero points, bias), by node name."""
     import onnx
 
-    from vaswani.benchmarking import initializer_bytes
+    from vaswani.evaluation.speed import initializer_bytes
 
     graph = onnx.load(str(graph_path), load_external_data=False).graph
     sizes = initializer_bytes(graph_path)

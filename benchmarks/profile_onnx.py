@@ -19,8 +19,7 @@ from pathlib import Path
 
 import torch
 
-from vaswani.conversion import OrtModelForCausalLM, OrtModelForSeq2SeqLM
-from vaswani.conversion.onnx import default_session_options
+from vaswani.runtime import OrtModelForCausalLM, OrtModelForSeq2SeqLM, default_session_options
 
 
 def main() -> None:

@@ -33,8 +33,8 @@ from vaswani import (
     VaswaniForConditionalGeneration,
     VaswaniSeq2SeqConfig,
 )
-from vaswani.conversion.onnx import export_onnx
-from vaswani.conversion.onnx.validation import QUANTIZED_BOUNDS, QuantizedBounds, validate_onnx_export
+from vaswani.export import export_onnx
+from vaswani.export.validation import QUANTIZED_BOUNDS, QuantizedBounds, validate_onnx_export
 
 OPEN = QuantizedBounds(relative_rms=float("inf"), cosine=-1.0, top1=0.0)
 SMALL = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
@@ -137,7 +137,7 @@ def results_page(measured: list[dict], command: str, described: dict | None) -> 
             "Per export: the logits' relative RMS error against PyTorch (RMS of the difference over RMS of PyTorch's "
             "logits, worst validation case), their lowest cosine similarity and their top-1 agreement, then the same "
             "for the states (caches, encoder outputs; the worst one named). Validation feeds random tokens. The bounds "
-            "in `vaswani/conversion/onnx/validation.py` (`QUANTIZED_BOUNDS`, and docs/deployment.md) sit between the "
+            "in `vaswani/export/validation.py` (`QUANTIZED_BOUNDS`, and docs/deployment.md) sit between the "
             "honest rows and the corrupted ones."
         ],
         # The table is computed from these measurements when the page is rendered (results.quantized_validation_tables).

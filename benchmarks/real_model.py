@@ -8,7 +8,7 @@ perplexity on `--text`, its agreement with PyTorch's greedy tokens, its size and
 
     python benchmarks/real_model.py --model ~/models/SmolLM2-135M-Instruct --text notes.txt --output outputs/real
 
-Perplexity is `vaswani perplexity`'s (vaswani.perplexity), on consecutive windows of `--window` tokens: the model's own
+Perplexity is `vaswani perplexity`'s (vaswani.evaluation.perplexity), on consecutive windows of `--window` tokens: the model's own
 objective, next-token for decoders, masked tokens (15% of positions, the same ones for every format) for BERT-style
 encoders, and teacher-forced reconstruction of each text window for encoder-decoders.
 Results go to OUTPUT/results.md and OUTPUT/results.json; the converted model and the exports stay in OUTPUT.
@@ -28,14 +28,10 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 import vaswani  # noqa: F401  (registers the vaswani classes with the Auto classes)
-from vaswani.conversion import (
-    OrtModelForCausalLM,
-    OrtModelForMaskedLM,
-    OrtModelForSeq2SeqLM,
-    convert_checkpoint,
-    export_onnx,
-)
-from vaswani.perplexity import model_perplexity, text_ids
+from vaswani.conversion.checkpoints import convert_checkpoint
+from vaswani.evaluation.perplexity import model_perplexity, text_ids
+from vaswani.export import export_onnx
+from vaswani.runtime import OrtModelForCausalLM, OrtModelForMaskedLM, OrtModelForSeq2SeqLM
 
 FORMATS = ("fp32", "int8", "int4")
 FAMILY_TASKS = {"vaswani_decoder": "text-generation", "vaswani_encoder": "fill-mask", "vaswani_seq2seq": "text2text-generation"}

@@ -161,8 +161,8 @@ def write_reference_folder(
 
 def _write_tokenizer(output: Path, source: str | Path | None, vocab_size: int) -> None:
     if source is None:
-        from vaswani.chat import chat_tokenizer
         from vaswani.data import corpus_stories
+        from vaswani.training.chat_data import chat_tokenizer
 
         chat_tokenizer(corpus_stories()[:300], vocab_size=1000).save_pretrained(output)
         return

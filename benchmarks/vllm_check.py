@@ -80,7 +80,7 @@ def build_tiny_models(folder: Path) -> dict:
         VaswaniEncoderModel,
         VaswaniForCausalLM,
     )
-    from vaswani.tokenization import corpus_tokenizer
+    from vaswani.data.tokenization import corpus_tokenizer
 
     # vLLM's pooling front end needs a tokenizer in the folder, even for prompts given as token ids.
     tokenizer = corpus_tokenizer(vocab_size=TINY["vocab_size"], kilobytes=20)

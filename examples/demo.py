@@ -31,8 +31,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 import vaswani  # noqa: F401  (registers the vaswani models with transformers' Auto classes)
 from vaswani import VaswaniDecoderConfig, VaswaniForCausalLM
 from vaswani.data import corpus_stories
-from vaswani.perplexity import summed_nll
-from vaswani.tokenization import train_tokenizer
+from vaswani.data.tokenization import train_tokenizer
+from vaswani.evaluation.perplexity import summed_nll
 from vaswani.training import save_loss_curve
 
 PROMPTS = ("Once upon a time, there was", "There once was a clever fox. Her name was")
@@ -199,7 +199,8 @@ def show_generations(model_dir: Path, max_new_tokens: int, seed: int) -> None:
 
 def deploy_with_onnx(model_dir: Path, onnx_dir: Path, max_new_tokens: int) -> None:
     """Export the saved model to ONNX (validated against PyTorch), then generate with ONNX Runtime and compare."""
-    from vaswani.conversion import OrtModelForCausalLM, export_onnx
+    from vaswani.export import export_onnx
+    from vaswani.runtime import OrtModelForCausalLM
 
     print(f"\nexporting {model_dir} to ONNX ...")
     result = export_onnx(model_dir, onnx_dir, task="text-generation", overwrite=True)

@@ -53,8 +53,8 @@ from vaswani import (  # noqa: E402
     VaswaniForConditionalGeneration,
     VaswaniSeq2SeqConfig,
 )
+from vaswani.evaluation.perplexity import summed_nll  # noqa: E402
 from vaswani.modeling.configuration import POSITION_EMBEDDING_TYPES  # noqa: E402
-from vaswani.perplexity import summed_nll  # noqa: E402
 from vaswani.training import describe_device  # noqa: E402
 
 ROPE_SCALINGS = ("linear", "dynamic", "yarn")

@@ -204,7 +204,7 @@ def parse_only(words: list[str], fragment: bool) -> str | None:
     saved_argv, saved_path = sys.argv, list(sys.path)
     try:
         if words[0] == "vaswani":
-            from vaswani.cli import main
+            from vaswani.cli.main import main
 
             main(words[1:])
         elif words[1] == "-m":

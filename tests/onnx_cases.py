@@ -33,8 +33,9 @@ from vaswani import (
     VaswaniForMaskedLM,
     VaswaniForTokenClassification,
 )
-from vaswani.conversion.onnx import default_session_options, export_onnx
-from vaswani.tokenization import corpus_tokenizer
+from vaswani.data.tokenization import corpus_tokenizer
+from vaswani.export import export_onnx
+from vaswani.runtime import default_session_options
 
 # ------------------------------------------------------------------------- the export, contract and validation tests
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from vaswani.benchmarking import BenchResult, BenchRow
-from vaswani.cli import main as vaswani_cli
+from vaswani.cli.main import main as vaswani_cli
+from vaswani.evaluation.speed import BenchResult, BenchRow
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -143,9 +143,9 @@ def test_a_summary_row_takes_its_bound_from_the_round_it_takes_its_rate_from() -
 def test_weight_bytes_of_a_quantized_graph_count_its_packed_initializers(folders, tmp_path: Path) -> None:
     """An int8 export's count is of what its graph stores (packed weights, scales, zero points), fewer bytes than
     fp32's (not a quarter: this tiny model's fp32 embedding table is a large part of it)."""
-    from vaswani.benchmarking import weight_bytes
-    from vaswani.conversion.onnx import export_onnx
-    from vaswani.loading import load_folder
+    from vaswani.evaluation.speed import weight_bytes
+    from vaswani.export import export_onnx
+    from vaswani.runtime.loading import load_folder
 
     folder = tmp_path / "int8"
     export_onnx(folders["pytorch"], folder, task="text-generation", quantize="int8", validate=False)

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from vaswani.chatting import ChatOptions, chat_reply, chat_session
-from vaswani.cli import main as vaswani_cli
-from vaswani.loading import load_folder
+from vaswani.cli.chat import ChatOptions, chat_reply, chat_session
+from vaswani.cli.main import main as vaswani_cli
+from vaswani.runtime.loading import load_folder
 
 pytest.importorskip("onnxruntime")
 

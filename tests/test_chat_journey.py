@@ -14,12 +14,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from vaswani.cli import main as vaswani_cli
+from vaswani.cli.main import main as vaswani_cli
 from vaswani.data import chat_demo
-from vaswani.finetuning import finetune
+from vaswani.training.finetuning import finetune
 
 pytest.importorskip("onnxruntime")
-from vaswani.conversion import OrtModelForCausalLM  # noqa: E402
+from vaswani.runtime import OrtModelForCausalLM  # noqa: E402
 
 QUESTION = [
     {"role": "system", "content": chat_demo.SYSTEM_PROMPT},

@@ -17,14 +17,15 @@ pytest.importorskip("onnxscript")  # the exporter's dependency
 from onnx_cases import GQA_DECODER  # noqa: E402
 
 from vaswani import VaswaniForCausalLM  # noqa: E402
-from vaswani.conversion.onnx import export as export_module  # noqa: E402
-from vaswani.conversion.onnx import export_onnx, ort_llm  # noqa: E402
-from vaswani.conversion.onnx.openvino_engine import chosen_engine  # noqa: E402
-from vaswani.conversion.onnx.sensitivity import DEFAULT_EIGHT_BIT_BUDGET  # noqa: E402
+from vaswani.export import export_onnx  # noqa: E402
+from vaswani.export import exporter as export_module  # noqa: E402
+from vaswani.export import gqa_rewrite as ort_llm
+from vaswani.quantization.sensitivity import DEFAULT_EIGHT_BIT_BUDGET  # noqa: E402
+from vaswani.runtime.openvino import chosen_engine  # noqa: E402
 
-EXPORT_LOGGER = "vaswani.conversion.onnx.export"
-ATTENTION_LOGGER = "vaswani.conversion.onnx.ort_llm"
-ENGINE_LOGGER = "vaswani.conversion.onnx.openvino_engine"
+EXPORT_LOGGER = "vaswani.export.exporter"
+ATTENTION_LOGGER = "vaswani.export.gqa_rewrite"
+ENGINE_LOGGER = "vaswani.runtime.openvino"
 
 
 def records_of(caplog: pytest.LogCaptureFixture, logger: str) -> list[logging.LogRecord]:
@@ -137,9 +138,9 @@ def test_the_default_int4_budget_dropped_for_want_of_a_tokenizer_is_a_warning_an
     unheard."""
     model = build_model(VaswaniForCausalLM, tiny_decoder_config(num_hidden_layers=1))
     model.save_pretrained(tmp_path / "model")  # no tokenizer beside it
-    caplog.set_level(logging.INFO, logger="vaswani.conversion.onnx.sensitivity")
+    caplog.set_level(logging.INFO, logger="vaswani.quantization.sensitivity")
     result = export_onnx(tmp_path / "model", tmp_path / "out", quantize="int4", validate=False)
-    [record] = records_of(caplog, "vaswani.conversion.onnx.sensitivity")
+    [record] = records_of(caplog, "vaswani.quantization.sensitivity")
     assert record.levelno == logging.WARNING and "there is no tokenizer beside the model" in record.getMessage()
     [decision] = [decision for decision in result.manifest["decisions"] if decision["subject"] == "int4 8-bit budget"]
     assert decision["chosen"] == "0"

@@ -27,7 +27,7 @@ from vaswani import (
     VaswaniForMaskedLM,
     VaswaniSeq2SeqConfig,
 )
-from vaswani.conversion import to_transformers
+from vaswani.conversion.checkpoints import to_transformers
 from vaswani.modeling.layers import positions_from_mask
 
 SHAPE = dict(vocab_size=64, hidden_size=32, num_attention_heads=4, intermediate_size=64, initializer_range=0.2)

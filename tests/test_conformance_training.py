@@ -21,7 +21,7 @@ from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
 
 from vaswani import VaswaniForCausalLM, VaswaniForConditionalGeneration, VaswaniForMaskedLM
-from vaswani.conversion import to_transformers
+from vaswani.conversion.checkpoints import to_transformers
 from vaswani.modeling.layers import positions_from_mask
 
 FAMILIES = {

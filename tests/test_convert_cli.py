@@ -28,10 +28,10 @@ from transformers import (
 )
 
 from vaswani import VaswaniDecoderConfig, VaswaniForCausalLM, VaswaniPreTrainedModel
-from vaswani.cli import main
+from vaswani.cli.main import main
 from vaswani.conversion.checkpoints import PARITY_TOLERANCE, ParityError, convert_checkpoint
 from vaswani.conversion.checkpoints import folders as checkpoint_folders
-from vaswani.tokenization import corpus_tokenizer
+from vaswani.data.tokenization import corpus_tokenizer
 
 VOCAB = 300  # the tiny tokenizer's vocabulary
 TEXTS = ["Once upon a time, a fox found a key.", "The end."]

@@ -167,7 +167,7 @@ def cuda_chat(tmp_path_factory):
     onnxruntime = pytest.importorskip("onnxruntime")
     if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
         pytest.skip("needs onnxruntime-gpu (CUDAExecutionProvider)")
-    from vaswani.cli import main as vaswani_cli
+    from vaswani.cli.main import main as vaswani_cli
 
     root = tmp_path_factory.mktemp("cuda_chat")
     tokenizer = tiny_chat_tokenizer()
@@ -183,7 +183,7 @@ def cuda_chat(tmp_path_factory):
 def offline_model(folder, backend: str):
     """The oracle's model, on the GPU: the export on ONNX Runtime's CUDA provider, or the PyTorch folder."""
     if backend == "onnx":
-        from vaswani.conversion.onnx import OrtModelForCausalLM
+        from vaswani.runtime import OrtModelForCausalLM
 
         return OrtModelForCausalLM.from_pretrained(folder, provider="cuda")
     return VaswaniForCausalLM.from_pretrained(folder).cuda().eval()
@@ -246,9 +246,9 @@ def test_vaswani_serve_on_cuda_answers_16_concurrent_chats_as_offline_generate(c
 
 @pytest.mark.parametrize("backend", ["onnx", "torch"])
 def test_chat_perplexity_and_bench_commands_run_on_cuda(cuda_chat, backend, tmp_path, capsys):
-    from vaswani.cli import main as vaswani_cli
+    from vaswani.cli.main import main as vaswani_cli
     from vaswani.data import corpus_stories
-    from vaswani.perplexity import folder_perplexity
+    from vaswani.evaluation.perplexity import folder_perplexity
 
     torch_folder, export, tokenizer = cuda_chat
     folder = export if backend == "onnx" else torch_folder

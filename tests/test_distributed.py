@@ -6,7 +6,7 @@ steps on the whole batch (dropout is 0 and the data order is seeded, so the runs
 order). Each launched run takes about 10 to 15 seconds, mostly process start-up.
 
 This file is also the per-rank program of the launched runs (`python tests/test_distributed.py MODE ...`, see
-`worker`): it runs `vaswani.finetuning.finetune` with a callback that saves each rank's final weights, or the FSDP2 loop.
+`worker`): it runs `vaswani.training.finetuning.finetune` with a callback that saves each rank's final weights, or the FSDP2 loop.
 
 FSDP through the Trainer needs GPUs: accelerate 1.15 turns FSDP on only for accelerator process groups (on CPU it
 silently trains plain DDP, which `vaswani finetune` refuses). torch's FSDP2 itself runs on gloo, so on CPU the models are

@@ -122,7 +122,7 @@ def not_run_reason(command: str) -> str | None:
 # ---------------------------------------------------------------------------------------------- the oracles
 # What each kind of command promises, checked after it ran (`command` and its `stdout` are in the namespace).
 COMMAND_CHECKS = [
-    (r"vaswani export ", "from vaswani.conversion import load_manifest\nload_manifest(option(command, '--output'))"),
+    (r"vaswani export ", "from vaswani.runtime import load_manifest\nload_manifest(option(command, '--output'))"),
     (
         r"vaswani convert ",
         "from transformers import AutoConfig\nAutoConfig.from_pretrained(option(command, '--to'))\n"
@@ -177,9 +177,9 @@ PYTHON_GIVEN = {
     "docs/deployment.md#0": "from transformers import AutoModelForCausalLM\n"
     "model = AutoModelForCausalLM.from_pretrained('my-decoder')  # any vaswani model",
     # the folders the block loads: the exports of the demo model, a seq2seq, a masked LM and a classifier
-    "docs/deployment.md#1": "from vaswani.conversion import export_onnx\n"
+    "docs/deployment.md#1": "from vaswani.export import export_onnx\n"
     "export_onnx('outputs/demo-model', 'demo-onnx', task='text-generation', validate=False)",
-    "docs/deployment.md#2": "import torch\nfrom vaswani.conversion import export_onnx\n"
+    "docs/deployment.md#2": "import torch\nfrom vaswani.export import export_onnx\n"
     "export_onnx('my-seq2seq', 'transformer-onnx', task='text2text-generation', validate=False)\n"
     "export_onnx('my-masked-lm', 'bert-onnx', task='fill-mask', validate=False)\n"
     "export_onnx('my-encoder', 'classifier-onnx', task='text-classification', validate=False)\n"
@@ -257,7 +257,7 @@ PYTHON_CHECKS = {
     "assert 'Cannot convert VaswaniForCausalLM to gpt2' in printed and 'position_embedding_type' in printed\n"
     "again = LlamaForCausalLM.from_pretrained('path/to/llama-again')\n"
     "assert torch.allclose(again(probe).logits, expected, atol=1e-5)",
-    "docs/deployment.md#0": "import torch\nfrom vaswani.conversion import OrtModelForCausalLM\n"
+    "docs/deployment.md#0": "import torch\nfrom vaswani.runtime import OrtModelForCausalLM\n"
     "assert manifest is not None\nprobe = torch.tensor([[3, 4, 5, 6, 7]])\n"
     "with torch.no_grad():\n    expected = model(probe).logits\n"
     "assert torch.allclose(OrtModelForCausalLM.from_pretrained('my-model-onnx')(probe).logits, expected, atol=1e-4)",
@@ -612,7 +612,7 @@ def test_the_demo_runs(tmp_path: Path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from vaswani.conversion import load_manifest
+    from vaswani.runtime import load_manifest
 
     arguments = shlex.split(ci_demo_arguments())
     (tmp_path / "examples").symlink_to(ROOT / "examples")

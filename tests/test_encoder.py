@@ -39,7 +39,7 @@ from vaswani import (
     VaswaniForSequenceClassification,
     VaswaniForTokenClassification,
 )
-from vaswani.tokenization import corpus_tokenizer
+from vaswani.data.tokenization import corpus_tokenizer
 
 BATCH, LENGTH, NUM_LABELS = 2, 8, 3
 

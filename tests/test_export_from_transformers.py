@@ -29,12 +29,16 @@ from transformers import (
 
 pytest.importorskip("onnxruntime")
 
-from vaswani.cli import main  # noqa: E402
-from vaswani.conversion import OrtModelForMaskedLM, OrtModelForSeq2SeqLM, export_onnx  # noqa: E402
+from vaswani.cli.main import main  # noqa: E402
 from vaswani.conversion.checkpoints import PARITY_TOLERANCE, ParityError, convert_checkpoint  # noqa: E402
 from vaswani.conversion.checkpoints import folders as checkpoint_folders  # noqa: E402
-from vaswani.conversion.onnx import load_manifest  # noqa: E402
-from vaswani.tokenization import train_tokenizer  # noqa: E402
+from vaswani.data.tokenization import train_tokenizer  # noqa: E402
+from vaswani.export import export_onnx  # noqa: E402
+from vaswani.runtime import (  # noqa: E402
+    OrtModelForMaskedLM,
+    OrtModelForSeq2SeqLM,
+    load_manifest,  # noqa: E402
+)
 
 VOCAB = 300
 CORPUS = ["Once upon a time, a fox found a key.", "The end of the story, said the fox to the owl."] * 20

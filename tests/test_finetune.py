@@ -1,7 +1,7 @@
 """Fine-tuning with `vaswani finetune` and the paper's recipe in `vaswani.training`.
 
-`vaswani.finetuning.finetune(argv)` (what the command runs, returning its metrics) and the command itself
-(`vaswani.cli.main(["finetune", ...])`) run in-process; tests/test_distributed.py launches it under torchrun and
+`vaswani.training.finetuning.finetune(argv)` (what the command runs, returning its metrics) and the command itself
+(`vaswani.cli.main.main(["finetune", ...])`) run in-process; tests/test_distributed.py launches it under torchrun and
 accelerate. Models are tiny, saved with a tiny tokenizer trained on the packaged corpus; the data files are written
 from that corpus.
 The paper's schedule is checked against its formula written out here and against transformers' `inverse_sqrt`.
@@ -21,12 +21,12 @@ from transformers import AutoModelForSequenceClassification, TrainerCallback
 from transformers.optimization import get_inverse_sqrt_schedule
 
 from vaswani import VaswaniForCausalLM, VaswaniForConditionalGeneration, VaswaniForSequenceClassification
-from vaswani.cli import main as vaswani
+from vaswani.cli.main import main as vaswani
 from vaswani.data import corpus_stories
-from vaswani.finetuning import finetune
-from vaswani.finetuning.data import label_mapping
-from vaswani.tokenization import corpus_tokenizer
+from vaswani.data.tokenization import corpus_tokenizer
 from vaswani.training import VaswaniTrainer, VaswaniTrainingArguments, get_paper_schedule
+from vaswani.training.finetuning import finetune
+from vaswani.training.finetuning.data import label_mapping
 
 # Flags every run shares (a test's own flags come after and win): CPU, quiet, no checkpoints, 32-token blocks.
 COMMON = "--use_cpu --disable_tqdm true --report_to none --max_length 32 --save_strategy no --logging_steps 1"

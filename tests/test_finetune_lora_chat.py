@@ -1,4 +1,4 @@
-"""LoRA, chat data, packing, data-sized blocks and training progress in `vaswani finetune` (and `vaswani.chat`).
+"""LoRA, chat data, packing, data-sized blocks and training progress in `vaswani finetune` (and `vaswani.training.chat_data`).
 
 Oracles: transformers' own assistant-token mask (`apply_chat_template(return_assistant_tokens_mask=True)`, from the
 template's `generation` block) for the chat labels; a padded evaluation for packing; PEFT's `PeftModel` (base +
@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer, TrainerCallback
 
 from vaswani import VaswaniDecoderConfig, VaswaniForCausalLM
-from vaswani.chat import IGNORE_INDEX, assistant_character_spans, chat_example, chat_tokenizer
 from vaswani.data import chat_demo, corpus_stories
-from vaswani.finetuning import finetune
+from vaswani.training.chat_data import IGNORE_INDEX, assistant_character_spans, chat_example, chat_tokenizer
+from vaswani.training.finetuning import finetune
 
 COMMON = "--use_cpu --disable_tqdm true --report_to none --save_strategy no --logging_steps 1 --seed 0"
 ADAPTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

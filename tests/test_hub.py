@@ -34,7 +34,7 @@ from vaswani import (
     VaswaniForCausalLM,
     VaswaniForSequenceClassification,
 )
-from vaswani.tokenization import corpus_tokenizer
+from vaswani.data.tokenization import corpus_tokenizer
 
 VOCAB_SIZE = 300
 CODE_FILES = ("configuration.py", "layers.py", "pretrained.py", "decoder.py")

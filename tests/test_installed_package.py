@@ -6,7 +6,7 @@ declared.
 The fresh venv sees the test environment's dependencies (torch, transformers, onnxruntime, ...) through a .pth line,
 but not its editable vaswani: `vaswani` must come from the wheel. Oracles: the answer `vaswani chat` prints equals
 offline greedy `generate` on the same folder in this process, and the served answer equals it too; the perplexity it
-prints equals `vaswani.perplexity` here.
+prints equals `vaswani.evaluation.perplexity` here.
 """
 
 import json
@@ -26,8 +26,8 @@ pytest.importorskip("peft")
 import torch  # noqa: E402
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from vaswani.chat import chat_tokenizer  # noqa: E402
 from vaswani.data import corpus_stories  # noqa: E402
+from vaswani.training.chat_data import chat_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ("convert", "export", "finetune", "chat", "perplexity", "bench", "serve")
@@ -133,8 +133,8 @@ def test_vaswani_comes_from_the_wheel(installed, workspace) -> None:
 
 
 def test_every_command_runs_from_the_installed_package(installed, workspace) -> None:
-    from vaswani.conversion import OrtModelForCausalLM
-    from vaswani.perplexity import folder_perplexity
+    from vaswani.evaluation.perplexity import folder_perplexity
+    from vaswani.runtime import OrtModelForCausalLM
 
     run = lambda *arguments: vaswani(installed, workspace, *arguments)  # noqa: E731
     run("convert", "--from", "llama", "--to", "chat-model")

@@ -1,4 +1,4 @@
-"""`vaswani.loading.load_folder`: every form (PyTorch, ONNX export) and task (causal LM, masked LM, encoder-decoder)
+"""`vaswani.runtime.loading.load_folder`: every form (PyTorch, ONNX export) and task (causal LM, masked LM, encoder-decoder)
 loads as its class with the folder's tokenizer, and folders it cannot serve give the errors it states."""
 
 import json
@@ -11,10 +11,10 @@ from conftest import build_model, tiny_decoder_config, tiny_encoder_config, tiny
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from vaswani import VaswaniDecoderModel, VaswaniForConditionalGeneration, VaswaniForMaskedLM
-from vaswani.loading import folder_task, load_folder
+from vaswani.runtime.loading import folder_task, load_folder
 
 pytest.importorskip("onnxruntime")
-from vaswani.conversion.onnx import export_onnx  # noqa: E402
+from vaswani.export import export_onnx  # noqa: E402
 
 # name: (model class, config, export task); the causal LM is the session's tiny chat pair (conftest.tiny_chat_pair).
 # One layer per stack: loading does not depend on depth, and tracing time grows with it.

@@ -11,7 +11,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from vaswani.conversion.onnx import load_manifest  # noqa: E402
+from vaswani.runtime import load_manifest  # noqa: E402
 
 pytest_plugins = ["onnx_cases"]  # the shared `exported` fixture
 

@@ -12,8 +12,9 @@ from transformers import BartConfig, BartForConditionalGeneration
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from vaswani import VaswaniForConditionalGeneration
-from vaswani.conversion import OrtModelForSeq2SeqLM, export_onnx
 from vaswani.conversion.checkpoints import from_transformers
+from vaswani.export import export_onnx
+from vaswani.runtime import OrtModelForSeq2SeqLM
 
 VOCAB, LAYERS, PAD = 64, 2, 1
 EXPORTS = {"portable": {}, "optimize": {"optimize": True}, "int8": {"quantize": "int8"}}
@@ -126,7 +127,7 @@ def test_a_biased_self_attention_mask_keeps_the_standard_op(tmp_path):
 
 
 def test_session_options_let_idle_threads_sleep_only_when_asked():
-    from vaswani.conversion.onnx import default_session_options
+    from vaswani.runtime import default_session_options
 
     sleeping = default_session_options(2, spinning=False)
     assert sleeping.intra_op_num_threads == 2

@@ -35,11 +35,12 @@ from vaswani import (  # noqa: E402
     VaswaniForMaskedLM,
     VaswaniForQuestionAnswering,
 )
-from vaswani.cli import main  # noqa: E402
-from vaswani.conversion.onnx import export_onnx, load_manifest  # noqa: E402
-from vaswani.conversion.onnx.contract import positions_from_mask  # noqa: E402
-from vaswani.conversion.onnx.formulations import LLM_OPSET  # noqa: E402
+from vaswani.cli.main import main  # noqa: E402
+from vaswani.export import export_onnx  # noqa: E402
+from vaswani.export.formulations import LLM_OPSET  # noqa: E402
 from vaswani.modeling.layers import RMSNorm, VaswaniAttention  # noqa: E402
+from vaswani.runtime import load_manifest  # noqa: E402
+from vaswani.runtime.contract import positions_from_mask  # noqa: E402
 
 pytest_plugins = ["onnx_cases"]  # the shared `exported` fixture
 
@@ -295,7 +296,7 @@ def test_cuda_export_validates_on_the_cuda_provider(tmp_path, dtype):
 @pytest.fixture
 def decoder_folder(tmp_path):
     """A saved tiny causal LM (tied LM head) with a tokenizer beside it."""
-    from vaswani.tokenization import train_tokenizer
+    from vaswani.data.tokenization import train_tokenizer
 
     model = build_model(VaswaniForCausalLM, tiny_decoder_config(num_hidden_layers=1, num_key_value_heads=2))
     assert model.lm_head.weight is model.model.embed_tokens.weight

@@ -39,11 +39,12 @@ from transformers.cache_utils import DynamicCache  # noqa: E402
 from transformers.modeling_outputs import BaseModelOutput  # noqa: E402
 
 from vaswani import VaswaniForCausalLM  # noqa: E402
-from vaswani.conversion import OrtModelForCausalLM, OrtModelForSeq2SeqLM, export_onnx  # noqa: E402
-from vaswani.conversion.onnx import default_session_options, generation, gqa_runtime, lean_steps  # noqa: E402
-from vaswani.conversion.onnx.generation import OrtModelForGeneration  # noqa: E402
+from vaswani.export import export_onnx  # noqa: E402
 from vaswani.modeling import cache_keyword  # noqa: E402
 from vaswani.modeling.layers import positions_from_mask  # noqa: E402
+from vaswani.runtime import OrtModelForCausalLM, OrtModelForSeq2SeqLM, default_session_options, generation, lean_steps  # noqa: E402  # noqa: E402
+from vaswani.runtime import gqa as gqa_runtime  # noqa: E402
+from vaswani.runtime.generation import OrtModelForGeneration  # noqa: E402
 
 pytest_plugins = ["onnx_cases"]  # the shared `tokenizer`, `exports` and `load` fixtures
 

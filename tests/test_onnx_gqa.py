@@ -1,4 +1,4 @@
-"""The ONNX Runtime-only decoder form (`vaswani/conversion/onnx/ort_llm.py`): each layer's rotary + attention as one
+"""The ONNX Runtime-only decoder form (`vaswani/export/gqa_rewrite.py`): each layer's rotary + attention as one
 GroupQueryAttention node over an in-place KV buffer. It must compute what PyTorch computes (logits of a padded prompt
 and of cached steps, greedy tokens of padded batches) and what the portable graph computes (quantized logits,
 sampled tokens), and a model it does not fit must keep the portable graph and say why.
@@ -14,8 +14,9 @@ pytest.importorskip("onnxscript")  # the exporter's dependency
 
 from onnx_cases import GQA_DECODER  # noqa: E402
 
-from vaswani.conversion.onnx import OrtModelForCausalLM, export_onnx  # noqa: E402
-from vaswani.conversion.onnx.contract import positions_from_mask  # noqa: E402
+from vaswani.export import export_onnx  # noqa: E402
+from vaswani.runtime import OrtModelForCausalLM  # noqa: E402
+from vaswani.runtime.contract import positions_from_mask  # noqa: E402
 
 LENGTHS = [7, 4]  # a left-padded batch of two prompts of different lengths
 
@@ -111,7 +112,7 @@ def test_greedy_tokens_match_pytorch_generate(folders, model, lengths, loop, mon
 
 def numpy_loop_model(folders, monkeypatch) -> tuple[OrtModelForCausalLM, list]:
     """The GQA fp32 export, whose `forward` must not run, and a list that grows by one per call of the numpy loop."""
-    from vaswani.conversion.onnx import gqa_runtime
+    from vaswani.runtime import gqa as gqa_runtime
 
     ort_model = load(folders, "gqa-fp32")
     monkeypatch.setattr(ort_model, "forward", lambda *args, **kwargs: pytest.fail("forward ran"))

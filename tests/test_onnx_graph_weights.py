@@ -15,14 +15,14 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from vaswani.conversion.onnx.contract import save_graph  # noqa: E402
-from vaswani.conversion.onnx.graph_weights import GraphWeights  # noqa: E402
-from vaswani.conversion.onnx.postprocess import (  # noqa: E402
+from vaswani.export.postprocess import (  # noqa: E402
     _import_quantizer,
     fold_biases_into_matmul_nbits,
     quantization_format,
     quantize_graph,
 )
+from vaswani.quantization.graph_weights import GraphWeights  # noqa: E402
+from vaswani.runtime.contract import save_graph  # noqa: E402
 
 HIDDEN, WIDE, VOCABULARY = 64, 128, 96
 
@@ -143,7 +143,7 @@ def test_quantizing_a_graph_holds_a_fraction_of_its_float_weights(tmp_path):
         f"""
         import json, sys
         from pathlib import Path
-        from vaswani.conversion.onnx.postprocess import _import_quantizer, quantization_format, quantize_graph
+        from vaswani.export.postprocess import _import_quantizer, quantization_format, quantize_graph
 
         _import_quantizer()
         quantization = quantization_format("int4", method="rtn", eight_bit_budget=0.0)

@@ -1,9 +1,9 @@
-"""int4 methods (`int4_method`, vaswani/conversion/onnx/int4.py): the same graph as round to nearest (RTN), node for
+"""int4 methods (`int4_method`, vaswani/quantization/int4.py): the same graph as round to nearest (RTN), node for
 node, with other 4-bit integers. Checked against independent oracles: ONNX Runtime's own quantizer for the
 MatMulNBits layout, the float weights for the error of a weight (search) or of a layer's output (gptq), and PyTorch
 float32 for the exported model's next-token distributions on held-out text (gptq, calibrated on the same corpus).
 
-The 8-bit budget (`int4_8bit_budget`, vaswani/conversion/onnx/sensitivity.py): its Fisher scores against the KL
+The 8-bit budget (`int4_8bit_budget`, vaswani/quantization/sensitivity.py): its Fisher scores against the KL
 divergence that rounding each matrix alone adds, measured; the chosen matrices in the graph, within the budget.
 """
 
@@ -18,9 +18,13 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 from vaswani import VaswaniForCausalLM  # noqa: E402
-from vaswani.cli import main  # noqa: E402
-from vaswani.conversion.onnx import export_onnx, int4, load_manifest, sensitivity  # noqa: E402
-from vaswani.conversion.onnx.int4 import (  # noqa: E402
+from vaswani.cli.main import main  # noqa: E402
+from vaswani.data import corpus_text  # noqa: E402
+from vaswani.data.tokenization import corpus_tokenizer  # noqa: E402
+from vaswani.export import export_onnx  # noqa: E402
+from vaswani.export.postprocess import _import_quantizer  # noqa: E402
+from vaswani.quantization import int4, sensitivity  # noqa: E402
+from vaswani.quantization.int4 import (  # noqa: E402
     CALIBRATION_TOKENS,
     gptq,
     pack_matmul_nbits,
@@ -29,16 +33,14 @@ from vaswani.conversion.onnx.int4 import (  # noqa: E402
     search_quantize,
     unpack_matmul_nbits,
 )
-from vaswani.conversion.onnx.postprocess import _import_quantizer  # noqa: E402
-from vaswani.conversion.onnx.sensitivity import (  # noqa: E402
+from vaswani.quantization.sensitivity import (  # noqa: E402
     DEFAULT_EIGHT_BIT_BUDGET,
     fisher_row_scores,
     recorded_input_mean_squares,
     rounding_error,
     row_key,
 )
-from vaswani.data import corpus_text  # noqa: E402
-from vaswani.tokenization import corpus_tokenizer  # noqa: E402
+from vaswani.runtime import load_manifest  # noqa: E402
 
 BLOCK = 32
 METHODS = ("rtn", "search", "gptq")
@@ -317,7 +319,7 @@ def test_mlp_out_bits_8_keeps_the_mlp_output_projections_in_8_bits(trained):
 def held_out_divergence(model, tokenizer, folder) -> float:
     """KL(float32 || export) per token over the vocabulary, on the end of the corpus: far from the calibration text
     (its first tokens) and from the training text."""
-    from vaswani.conversion import OrtModelForCausalLM
+    from vaswani.runtime import OrtModelForCausalLM
 
     held_out = windows(corpus_text()[-20_000:], tokenizer)
     assert len(tokenizer(corpus_text()[:-20_000])["input_ids"]) > 10 * CALIBRATION_TOKENS

@@ -13,7 +13,7 @@ from transformers.generation.logits_process import (
     TemperatureLogitsWarper,
 )
 
-from vaswani.conversion.onnx.lean_steps import (
+from vaswani.runtime.lean_steps import (
     SuppressTokensUntilLength,
     apply_processors,
     greedy_tokens,

@@ -17,17 +17,17 @@ import torch
 pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from vaswani.conversion.onnx import OnnxValidationError, export_onnx  # noqa: E402
-from vaswani.conversion.onnx import export as onnx_export  # noqa: E402
-from vaswani.conversion.onnx.contract import save_graph  # noqa: E402
-from vaswani.conversion.onnx.matmul_check import (  # noqa: E402
+from vaswani.export import OnnxValidationError, export_onnx  # noqa: E402
+from vaswani.export import exporter as onnx_export  # noqa: E402
+from vaswani.export.postprocess import quantization_format, quantize_graph  # noqa: E402
+from vaswani.export.references import RoundingResponse  # noqa: E402
+from vaswani.export.validation import QUANTIZED_BOUNDS, ROUNDING_MARGIN, widened_bounds  # noqa: E402
+from vaswani.quantization.matmul_check import (  # noqa: E402
     MATMUL_BOUNDS,
     quantized_matmul_errors,
     record_graphs,
 )
-from vaswani.conversion.onnx.postprocess import quantization_format, quantize_graph  # noqa: E402
-from vaswani.conversion.onnx.references import RoundingResponse  # noqa: E402
-from vaswani.conversion.onnx.validation import QUANTIZED_BOUNDS, ROUNDING_MARGIN, widened_bounds  # noqa: E402
+from vaswani.runtime.contract import save_graph  # noqa: E402
 
 SMOLLM2_RECIPE = Path(__file__).resolve().parents[1] / "benchmarks" / "shapes" / "smollm2-135m.json"
 LAYERS = 6

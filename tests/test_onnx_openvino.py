@@ -21,23 +21,24 @@ from serving_cases import free_port, offline_answer, server_answers, tiny_chat_t
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from vaswani import VaswaniForCausalLM
-from vaswani.cli import main as vaswani_cli
+from vaswani.cli.main import main as vaswani_cli
 from vaswani.conversion.checkpoints import from_transformers
-from vaswani.conversion.onnx.contract import positions_from_mask
+from vaswani.runtime.contract import positions_from_mask
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("openvino")
 
-from vaswani.conversion.onnx import OnnxValidationError, OrtModelForCausalLM, export_onnx, validate_onnx_export  # noqa: E402
-from vaswani.conversion.onnx.contract import load_manifest  # noqa: E402
-from vaswani.conversion.onnx.openvino_engine import (  # noqa: E402
+from vaswani.export import OnnxValidationError, export_onnx, validate_onnx_export  # noqa: E402
+from vaswani.export.validation import TOLERANCES, allowed_difference  # noqa: E402
+from vaswani.runtime import OrtModelForCausalLM  # noqa: E402
+from vaswani.runtime.contract import load_manifest  # noqa: E402
+from vaswani.runtime.openvino import (  # noqa: E402
     OpenVinoSession,
     chosen_engine,
     openvino_precision,
     route_description,
 )
-from vaswani.conversion.onnx.validation import TOLERANCES, allowed_difference  # noqa: E402
-from vaswani.serving.engine import OpenVinoStepModel, step_model  # noqa: E402
+from vaswani.serving.batches import OpenVinoStepModel, step_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +255,7 @@ def test_serve_engine_openvino_answers_a_chat_like_offline_generate(tiny_chat_pa
 
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "vaswani.cli", "serve", str(tiny_chat_pair["onnx"]), "--engine", "openvino"]
+        [sys.executable, "-m", "vaswani.cli.main", "serve", str(tiny_chat_pair["onnx"]), "--engine", "openvino"]
         + ["--openvino-precision", "f32", "--threads", "1", "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -310,7 +311,7 @@ def test_without_openvino_the_engine_names_the_extra_and_auto_keeps_onnxruntime(
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_openvino_takes_onnxruntimes_thread_count_and_the_precision_asked(threads, exports):
-    from vaswani.conversion.onnx import default_session_options
+    from vaswani.runtime import default_session_options
 
     options = default_session_options(threads)
     model = OrtModelForCausalLM.from_pretrained(

@@ -9,7 +9,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper  # noqa: E402
 
-from vaswani.conversion.onnx.postprocess import fuse_skip_norms, value_shapes  # noqa: E402
+from vaswani.export.postprocess import fuse_skip_norms, value_shapes  # noqa: E402
 
 HIDDEN = 8
 

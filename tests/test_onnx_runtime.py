@@ -19,7 +19,7 @@ from onnx_cases import HAS_CUDA, PAD, left_padded_prompts  # noqa: E402
 from transformers import DynamicCache, pipeline  # noqa: E402
 from transformers.modeling_outputs import BaseModelOutput  # noqa: E402
 
-from vaswani.conversion import (  # noqa: E402
+from vaswani.runtime import (  # noqa: E402
     OrtModelForCausalLM,
     OrtModelForFeatureExtraction,
     OrtModelForMaskedLM,
@@ -139,7 +139,7 @@ def test_unavailable_providers_are_refused(exports):
 def test_cuda_sessions_compute_float32_as_torch_does():
     """ONNX Runtime's CUDA provider multiplies float32 on TF32 tensor cores by default; an fp32 export then differed
     from PyTorch by 3e-3 on an H200 and failed validation. Sessions follow torch's own TF32 setting."""
-    from vaswani.conversion.onnx.session import cuda_provider_options
+    from vaswani.runtime.session import cuda_provider_options
 
     matmul, allowed = torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32
     try:

@@ -1,4 +1,4 @@
-"""Layer stamping (`vaswani/conversion/onnx/stamping.py`): a model deeper than two layers is exported from a trace of
+"""Layer stamping (`vaswani/export/stamping.py`): a model deeper than two layers is exported from a trace of
 its first two layers, the second stamped once per further layer. The stamped export must be the full trace's graph in
 all but node names: the same inputs and outputs in the same order, the same nodes per op type, the same ONNX Runtime
 outputs (prompt and cached step), and validated against the full PyTorch model as every export is. Where a model
@@ -27,8 +27,8 @@ ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx_ir")
 
 from vaswani import VaswaniForCausalLM, VaswaniForConditionalGeneration, VaswaniForMaskedLM  # noqa: E402
-from vaswani.conversion.onnx import export_onnx, stamping  # noqa: E402
-from vaswani.conversion.onnx.contract import positions_from_mask  # noqa: E402
+from vaswani.export import export_onnx, stamping  # noqa: E402
+from vaswani.runtime.contract import positions_from_mask  # noqa: E402
 
 LAYERS = 4
 LLAMA_STYLE = {"norm_type": "rmsnorm", "gated_ffn": True, "hidden_act": "silu"}
@@ -200,9 +200,9 @@ def test_a_stamped_graph_holds_no_copy_of_the_weights():
     """Until it is saved, a stamped graph's weights are the model's own memory, or made when they are written (the
     transposed MatMul weights, the fused q/k/v and gate/up ones): one at a time, not a second copy of the whole model
     beside it (4 GB for a 1B model). Oracle: numpy's `shares_memory` with the model's parameters."""
-    from vaswani.conversion.onnx.export import _export_graphs
-    from vaswani.conversion.onnx.formulations import LLM_OPSET
-    from vaswani.conversion.onnx.wrappers import build_graph_specs
+    from vaswani.export.exporter import _export_graphs
+    from vaswani.export.formulations import LLM_OPSET
+    from vaswani.export.wrappers import build_graph_specs
 
     onnx_ir = pytest.importorskip("onnx_ir")
     config = tiny_decoder_config(position_embedding_type="rope", num_hidden_layers=LAYERS, **ROPE)

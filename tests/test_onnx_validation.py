@@ -19,16 +19,10 @@ onnx = pytest.importorskip("onnx")
 onnx_ir = pytest.importorskip("onnx_ir")
 
 from vaswani import VaswaniForCausalLM  # noqa: E402
-from vaswani.cli import main  # noqa: E402
-from vaswani.conversion.onnx import (  # noqa: E402
-    OnnxValidationError,
-    export_onnx,
-    formulations,  # noqa: E402
-    validate_onnx_export,
-    validation,
-)
-from vaswani.conversion.onnx import export as onnx_export  # noqa: E402
-from vaswani.conversion.onnx.contract import save_graph  # noqa: E402
+from vaswani.cli.main import main  # noqa: E402
+from vaswani.export import OnnxValidationError, export_onnx, formulations, validate_onnx_export, validation  # noqa: E402
+from vaswani.export import exporter as onnx_export  # noqa: E402
+from vaswani.runtime.contract import save_graph  # noqa: E402
 
 pytest_plugins = ["onnx_cases"]  # the shared `exported` fixture
 
@@ -279,7 +273,7 @@ def test_all_zero_or_halved_logits_fail_the_quantized_bounds(quantization, facto
 def test_validation_from_references_is_validation_from_the_model(exported):
     """PyTorch's side computed first (`pytorch_references`, what an export does before it frees a model it loaded)
     gives the report running the model beside ONNX Runtime gives, row for row; a wrong model still fails."""
-    from vaswani.conversion.onnx.references import pytorch_references
+    from vaswani.export.references import pytorch_references
 
     model, result = exported(("generation", "rope"))
     references = pytorch_references(model, "text-generation", "fp32", "cpu", "decoder")

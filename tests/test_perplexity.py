@@ -1,4 +1,4 @@
-"""`vaswani.perplexity` and `vaswani perplexity`: the strided-window perplexity equals transformers' own loss and a
+"""`vaswani.evaluation.perplexity` and `vaswani perplexity`: the strided-window perplexity equals transformers' own loss and a
 naive per-token loop, an ONNX export agrees with its PyTorch model for every task, and bad input gets clear errors.
 """
 
@@ -15,9 +15,9 @@ pytest.importorskip("onnxscript")  # the exporter's dependency
 
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from vaswani.cli import main  # noqa: E402
-from vaswani.conversion import OrtModelForCausalLM, OrtModelForMaskedLM, OrtModelForSeq2SeqLM  # noqa: E402
-from vaswani.perplexity import folder_perplexity, model_perplexity, strided_windows, summed_nll  # noqa: E402
+from vaswani.cli.main import main  # noqa: E402
+from vaswani.evaluation.perplexity import folder_perplexity, model_perplexity, strided_windows, summed_nll  # noqa: E402
+from vaswani.runtime import OrtModelForCausalLM, OrtModelForMaskedLM, OrtModelForSeq2SeqLM  # noqa: E402
 
 pytest_plugins = ["onnx_cases"]  # the shared `tokenizer`, `exports` and `load` fixtures
 

@@ -46,7 +46,7 @@ def test_saving_a_loss_curve_leaves_matplotlib_as_the_caller_set_it(tmp_path):
 
 def test_an_export_gets_the_processs_file_mode_without_touching_its_umask(tmp_path):
     pytest.importorskip("onnxruntime")
-    from vaswani.conversion.onnx import export_onnx
+    from vaswani.export import export_onnx
 
     model = build_model(VaswaniForCausalLM, tiny_decoder_config())
     model.save_pretrained(tmp_path / "model")
@@ -70,7 +70,8 @@ def test_generate_in_two_threads_leaves_torch_threads_as_the_caller_set_them(tmp
     import torch
     from transformers import LogitsProcessor, LogitsProcessorList
 
-    from vaswani.conversion import OrtModelForCausalLM, export_onnx
+    from vaswani.export import export_onnx
+    from vaswani.runtime import OrtModelForCausalLM
 
     model = build_model(VaswaniForCausalLM, tiny_decoder_config())
     model.save_pretrained(tmp_path / "model")
@@ -123,7 +124,7 @@ def test_export_formulations_leave_other_models_code_alone():
     pytest.importorskip("onnxruntime")
     import torch
 
-    from vaswani.conversion.onnx.formulations import exporting_formulations
+    from vaswani.export.formulations import exporting_formulations
     from vaswani.modeling.layers import RMSNorm, VaswaniAttention
 
     exported = build_model(VaswaniForCausalLM, tiny_decoder_config(norm_type="rmsnorm"))
@@ -150,7 +151,8 @@ def test_two_int4_exports_in_two_threads_both_validate_on_the_callers_torch_thre
 
     import torch
 
-    from vaswani.conversion.onnx import export_onnx, int4
+    from vaswani.export import export_onnx
+    from vaswani.quantization import int4
 
     search, seen, together = int4.search_quantize, [], threading.Barrier(2, timeout=120)
 

@@ -15,9 +15,9 @@ pytest.importorskip("onnxruntime")
 
 from test_textbook_tasks import load_script  # noqa: E402
 
-from vaswani.conversion import OrtModelForCausalLM  # noqa: E402
 from vaswani.data import corpus_stories  # noqa: E402
-from vaswani.tokenization import train_tokenizer  # noqa: E402
+from vaswani.data.tokenization import train_tokenizer  # noqa: E402
+from vaswani.runtime import OrtModelForCausalLM  # noqa: E402
 
 # ChatML, as SmolLM2 and Qwen2 use.
 TEMPLATE = (

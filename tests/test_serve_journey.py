@@ -33,9 +33,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 import vaswani  # noqa: E402, F401  (registers the vaswani classes with the Auto classes)
-from vaswani.cli import main as vaswani_cli  # noqa: E402
-from vaswani.conversion.onnx import OrtModelForCausalLM  # noqa: E402
-from vaswani.conversion.onnx.ort_llm import FORM_GQA  # noqa: E402
+from vaswani.cli.main import main as vaswani_cli  # noqa: E402
+from vaswani.runtime import OrtModelForCausalLM  # noqa: E402
+from vaswani.runtime.contract import FORM_GQA  # noqa: E402
 
 README = Path(__file__).resolve().parents[1] / "docs" / "serving.md"  # the serve section moved here
 
@@ -130,7 +130,7 @@ def serve_process(arguments: list[str], port: int, tls: bool, api_key: str | Non
     if api_key is not None:
         environment["VASWANI_API_KEY"] = api_key
     process = subprocess.Popen(
-        [sys.executable, "-m", "vaswani.cli", *arguments, "--threads", "1", "--log-level", "warning"],
+        [sys.executable, "-m", "vaswani.cli.main", *arguments, "--threads", "1", "--log-level", "warning"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=environment,

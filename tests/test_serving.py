@@ -16,10 +16,10 @@ from serving_cases import CONTEXT, QUESTIONS, offline_answer, serving, tiny_chat
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from vaswani.conversion.onnx import OrtModelForCausalLM, default_session_options  # noqa: E402
+from vaswani.runtime import OrtModelForCausalLM, default_session_options  # noqa: E402
 from vaswani.serving import SamplingParams, create_app, load_service  # noqa: E402
-from vaswani.serving.engine import OrtStepModel  # noqa: E402
-from vaswani.serving.scheduler import Engine  # noqa: E402
+from vaswani.serving.batches import OrtStepModel  # noqa: E402
+from vaswani.serving.scheduler import Scheduler  # noqa: E402
 from vaswani.serving.text import TextStream  # noqa: E402
 
 MODEL = "tiny-chat"
@@ -209,7 +209,7 @@ class RecordingStepModel(OrtStepModel):
 
 def test_a_sequence_joins_the_running_batch_and_leaves_without_waiting(offline, tokenizer):
     step_model = RecordingStepModel(offline)
-    engine = Engine(step_model, max_batch=4).start()
+    engine = Scheduler(step_model, max_batch=4).start()
     finished_order, done = [], threading.Event()
     tokens = {"long": [], "short": []}
 
@@ -253,7 +253,7 @@ def test_prompts_prefilled_together_get_generates_tokens(offline, io_bound, toke
     `chunk` tokens at a time between the decoding steps of a sequence that is already running; with the cache in
     ONNX Runtime's numpy arrays (the CPU's lean loop) or in torch tensors bound by pointer (the CUDA path)."""
     step_model = RecordingStepModel(offline if binding == "numpy" else io_bound)
-    engine = Engine(step_model, max_batch=4 if chunk else 8, prefill_chunk=chunk or 32)
+    engine = Scheduler(step_model, max_batch=4 if chunk else 8, prefill_chunk=chunk or 32)
     prompts = [chat_prompt(tokenizer, question) for question in QUESTIONS[:5]]
     answers, finished = {i: [] for i in range(len(prompts) + 1)}, threading.Semaphore(0)
 

@@ -11,8 +11,8 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 from vaswani import VaswaniEncoderForSequenceClassification, VaswaniEncoderModel  # noqa: E402
-from vaswani.cli import main  # noqa: E402
-from vaswani.conversion.onnx import export_onnx  # noqa: E402
+from vaswani.cli.main import main  # noqa: E402
+from vaswani.export import export_onnx  # noqa: E402
 from vaswani.serving import create_app, load_service  # noqa: E402
 
 TEXTS = ["The cat sat on the mat.", "A dog ran in the park with a red ball.", "Hi"]

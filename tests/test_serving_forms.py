@@ -18,11 +18,12 @@ from serving_cases import QUESTIONS, serving, tiny_chat_tokenizer, tiny_gqa_chat
 
 pytest.importorskip("fastapi")
 
-from vaswani.cli import main as vaswani  # noqa: E402
-from vaswani.conversion.onnx import OrtModelForCausalLM, default_session_options, export_onnx  # noqa: E402
+from vaswani.cli.main import main as vaswani  # noqa: E402
+from vaswani.export import export_onnx  # noqa: E402
+from vaswani.runtime import OrtModelForCausalLM, default_session_options  # noqa: E402
 from vaswani.serving import SamplingParams, create_app, load_service  # noqa: E402
-from vaswani.serving.engine import GqaBatch, GqaStepModel, step_model  # noqa: E402
-from vaswani.serving.scheduler import Engine  # noqa: E402
+from vaswani.serving.batches import GqaBatch, GqaStepModel, step_model  # noqa: E402
+from vaswani.serving.scheduler import Scheduler  # noqa: E402
 
 MODEL = "tiny-gqa-chat"
 # form -> (the attention form the export takes, how it is exported)
@@ -121,7 +122,7 @@ def test_16_concurrent_chats_on_each_export_form_get_generates_answers(form, exp
             return await asyncio.gather(*(chat(http, index) for index in range(len(cases))))
 
     service = load_service(folder, threads=1, max_batch=16, name=MODEL)
-    assert isinstance(service.engine.model, GqaStepModel) == (FORMS[form][0] == "gqa")
+    assert isinstance(service.scheduler.model, GqaStepModel) == (FORMS[form][0] == "gqa")
     with serving(create_app(service)) as server:
         answers = asyncio.run(run_all())
     expected_texts = [tokenizer.decode(expected[case], skip_special_tokens=True) for case in cases]
@@ -215,7 +216,7 @@ def test_engine_on_the_gqa_form_prefills_in_chunks_beside_running_rows(offline, 
     `generate`."""
     model = offline("int4")
     step = RecordingGqaStepModel(model)
-    engine = Engine(step, max_batch=8, prefill_chunk=5)
+    engine = Scheduler(step, max_batch=8, prefill_chunk=5)
     prompts = [chat_prompt(tokenizer, question) for question in QUESTIONS[:5]]
     lengths = [7, 30, 3, 18, 12]
     answers, finished = {i: [] for i in range(len(prompts) + 1)}, threading.Semaphore(0)
@@ -285,7 +286,7 @@ def served_tokens(model: OrtModelForCausalLM, requests: list[tuple[list[int], Sa
 
         return emit
 
-    engine = Engine(step_model(model), max_batch=4)
+    engine = Scheduler(step_model(model), max_batch=4)
     for index, (prompt, params) in enumerate(requests):
         engine.submit(prompt, params, emitter(index))
     engine.start()

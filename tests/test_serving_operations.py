@@ -36,11 +36,11 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
-from vaswani.conversion.onnx import OrtModelForCausalLM, default_session_options  # noqa: E402
+from vaswani.data.tokenization import train_tokenizer  # noqa: E402
+from vaswani.runtime import OrtModelForCausalLM, default_session_options  # noqa: E402
 from vaswani.serving import SamplingParams, create_app, load_service  # noqa: E402
-from vaswani.serving.scheduler import Engine  # noqa: E402
+from vaswani.serving.scheduler import Scheduler  # noqa: E402
 from vaswani.serving.text import TextStream  # noqa: E402
-from vaswani.tokenization import train_tokenizer  # noqa: E402
 
 MODEL = "tiny-chat"
 LONG = CONTEXT - 100  # tokens: seconds of decoding for the tiny model, so a request is surely in flight
@@ -85,7 +85,7 @@ def test_sigterm_drains_a_running_stream_and_a_vanished_non_streamed_client_hold
     server still ran 15 s after SIGTERM); SIGTERM then lets a running stream finish and the process exits, long
     before its 60 s grace period."""
     port = free_port()
-    command = [sys.executable, "-m", "vaswani.cli", "serve", str(folders[1]), "--port", str(port), "--threads", "1"]
+    command = [sys.executable, "-m", "vaswani.cli.main", "serve", str(folders[1]), "--port", str(port), "--threads", "1"]
     command += ["--model-name", MODEL, "--shutdown-timeout", "60", "--log-level", "info"]
     tls = self_signed_certificate(tmp_path)
     if tls is not None:
@@ -169,13 +169,13 @@ def test_past_the_shutdown_grace_a_running_stream_is_cut_and_the_server_exits(fo
     thread.join(timeout=10)
     assert not thread.is_alive() and time.monotonic() - stopping < 5
     assert "data: [DONE]" not in received  # cut, not finished
-    assert not service.engine.alive and service.engine.stats()["running"] == 0
+    assert not service.scheduler.alive and service.scheduler.stats()["running"] == 0
 
 
 def test_a_cancelled_sequence_ends_with_a_final_event(folders, offline, tokenizer):
-    """`Engine.cancel` ends a running sequence with one final "abort" event (main sent none, so its owner waited
+    """`Scheduler.cancel` ends a running sequence with one final "abort" event (main sent none, so its owner waited
     forever), and a cancelled waiting sequence is never prefilled: the group formed after it holds only the others."""
-    engine = new_service(folders, max_batch=4).engine
+    engine = new_service(folders, max_batch=4).scheduler
     groups, next_group = [], engine._next_group
 
     def recording_next_group():
@@ -221,7 +221,7 @@ def test_busy_and_stats_read_the_prefill_group_once():
     read it twice, and a thread switch between the reads raised AttributeError under load). The engine here clears
     it right after every read, as the worst-timed switch would."""
 
-    class ClearedAfterEachRead(Engine):
+    class ClearedAfterEachRead(Scheduler):
         @property
         def prefilling(self):
             group, self._group = self._group, None
@@ -258,7 +258,7 @@ def test_when_the_engine_thread_dies_health_is_503_and_requests_fail_fast(folder
     def killed(*args, **kwargs):
         raise EngineKilled("the test killed the engine thread")
 
-    monkeypatch.setattr(service.engine, "_iteration", killed)
+    monkeypatch.setattr(service.scheduler, "_iteration", killed)
     with serving(create_app(service)) as running, httpx.Client(base_url=running.url, timeout=10) as http:
         health = http.get("/health")
         assert health.status_code == 200 and health.json()["status"] == "ok"

@@ -20,7 +20,7 @@ ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 openai = pytest.importorskip("openai")
 
-from vaswani.conversion.onnx import OrtModelForCausalLM, default_session_options  # noqa: E402
+from vaswani.runtime import OrtModelForCausalLM, default_session_options  # noqa: E402
 from vaswani.serving.ray_app import build_ray_app  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,7 +115,7 @@ def test_a_second_model_runs_beside_the_first_and_stopping_it_deletes_only_its_o
     to call serve.shutdown(), which deletes every application on the cluster)."""
     url, folder, expected = ray_server
     _, port = cluster
-    command = [sys.executable, "-m", "vaswani.cli", "serve", str(folder), "--ray", "--port", str(port)]
+    command = [sys.executable, "-m", "vaswani.cli.main", "serve", str(folder), "--ray", "--port", str(port)]
     command += ["--ray-address", ray.get_runtime_context().gcs_address, "--model-name", "second"]
     command += ["--route-prefix", "/second", "--cpus-per-replica", "0.5", "--max-batch", "2"]
     command += ["--runtime-env", json.dumps({"env_vars": worktree_env()}), "--api-key", "second-key"]

@@ -20,10 +20,10 @@ from serving_cases import offline_answer, serving, tiny_chat_tokenizer
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from vaswani.conversion.onnx import OrtModelForCausalLM, default_session_options  # noqa: E402
+from vaswani.runtime import OrtModelForCausalLM, default_session_options  # noqa: E402
 from vaswani.serving import SamplingParams, create_app, load_service, scheduler  # noqa: E402
-from vaswani.serving.engine import OrtStepModel  # noqa: E402
-from vaswani.serving.scheduler import Engine  # noqa: E402
+from vaswani.serving.batches import OrtStepModel  # noqa: E402
+from vaswani.serving.scheduler import Scheduler  # noqa: E402
 from vaswani.serving.text import TextStream  # noqa: E402
 
 MODEL = "tiny-chat"
@@ -62,7 +62,7 @@ def chat_prompt(tokenizer, question: str) -> list[int]:
 def run_engine(step_model, requests: list[tuple[list[int], SamplingParams]], max_batch: int = 16):
     """Every request submitted before the engine starts (so the first ones are prefilled as one group), run to the
     end; returns each request's (tokens, finish reason, error)."""
-    engine = Engine(step_model, max_batch=max_batch, max_waiting=len(requests))
+    engine = Scheduler(step_model, max_batch=max_batch, max_waiting=len(requests))
     results = [([], None, None) for _ in requests]
     finished = threading.Semaphore(0)
 
@@ -479,12 +479,12 @@ def test_the_429_message_does_not_count_the_requests_own_choices(folders):
             release.wait(30)
 
     with serving(create_app(service)) as running:
-        blocker = service.engine.submit([5, 6, 7], SamplingParams(max_tokens=100, temperature=0), emit)
+        blocker = service.scheduler.submit([5, 6, 7], SamplingParams(max_tokens=100, temperature=0), emit)
         try:
             assert holding.wait(30)
             refused = httpx.post(running.url + "/v1/chat/completions", json=chat(max_tokens=2, n=2), timeout=30)
         finally:
-            service.engine.cancel(blocker)
+            service.scheduler.cancel(blocker)
             release.set()
         assert refused.status_code == 429
         assert "0 other requests are waiting" in refused.json()["error"]["message"]

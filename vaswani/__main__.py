@@ -6,7 +6,7 @@ accelerate launch --config_file docs/accelerate/ddp_cpu.yaml -m vaswani finetune
 
 import sys
 
-from .cli import main
+from .cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

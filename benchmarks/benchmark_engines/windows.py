@@ -1,8 +1,8 @@
-"""The scoring half of `vaswani.perplexity`'s causal-LM definition, for the engines' tools (gguf_tools.py,
+"""The scoring half of `vaswani.evaluation.perplexity`'s causal-LM definition, for the engines' tools (gguf_tools.py,
 openvino_tools.py, ortgenai_tools.py), which run in venvs without vaswani or torch.
 
 The driver (benchmarks/engine_perplexity.py) tokenizes the text once and cuts it with
-`vaswani.perplexity.strided_windows`; each window arrives as {"ids": [...], "scored_from": K}: its tokens, and the
+`vaswani.evaluation.perplexity.strided_windows`; each window arrives as {"ids": [...], "scored_from": K}: its tokens, and the
 first of them that is scored (the tokens before K are context only). An engine runs the window from an empty cache
 and passes its logits here, so every engine scores the same tokens with the same context as `vaswani perplexity`.
 

@@ -75,8 +75,7 @@ def load_vaswani_torch(request):
 def load_vaswani_ort(request):
     import torch
 
-    from vaswani.conversion import OrtModelForCausalLM, OrtModelForSeq2SeqLM
-    from vaswani.conversion.onnx import default_session_options
+    from vaswani.runtime import OrtModelForCausalLM, OrtModelForSeq2SeqLM, default_session_options
 
     torch.set_num_threads(request["threads"])
     ort_class = OrtModelForSeq2SeqLM if request.get("seq2seq") else OrtModelForCausalLM

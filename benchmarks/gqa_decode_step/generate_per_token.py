@@ -30,8 +30,7 @@ if kind == "genai":
 else:
     import torch
 
-    from vaswani.conversion import OrtModelForCausalLM
-    from vaswani.conversion.onnx import default_session_options
+    from vaswani.runtime import OrtModelForCausalLM, default_session_options
 
     torch.set_num_threads(threads)
     m = OrtModelForCausalLM.from_pretrained(folder, session_options=default_session_options(threads))

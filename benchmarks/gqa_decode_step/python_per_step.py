@@ -7,8 +7,7 @@ import time
 import onnxruntime as ort
 import torch
 
-from vaswani.conversion import OrtModelForCausalLM
-from vaswani.conversion.onnx import default_session_options
+from vaswani.runtime import OrtModelForCausalLM, default_session_options
 
 torch.set_num_threads(1)
 m = OrtModelForCausalLM.from_pretrained(sys.argv[1], session_options=default_session_options(1))

@@ -8,8 +8,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from vaswani.conversion.onnx import default_session_options
-from vaswani.conversion.onnx.gqa_runtime import GqaDecoder
+from vaswani.runtime import default_session_options
+from vaswani.runtime.gqa import GqaDecoder
 
 folder, threads, batch, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 torch.set_num_threads(1)

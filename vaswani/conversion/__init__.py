@@ -1,50 +1,52 @@
-"""Conversion and deployment, one package per concern:
+"""transformers checkpoints into vaswani models and back (`checkpoints/`; its `__init__` says where a new
+architecture goes). This package needs neither `onnx` nor `onnxruntime`.
 
-- `checkpoints/`: transformers checkpoints into vaswani models and back, one module per source architecture (its
-  `__init__` says where a new architecture goes).
-- `onnx/`: ONNX export, graph post-processing, validation, the folder's I/O contract and the ONNX Runtime models
-  (its `__init__` says where a new task or quantization format goes).
+    >>> from vaswani.conversion import convert_checkpoint, from_transformers, to_transformers
 
-The names below are imported on first use, so that `vaswani.conversion.checkpoints` works without the optional
-`onnx`/`onnxruntime` packages (`pip install vaswani[onnx]`):
-
-    >>> from vaswani.conversion import OrtModelForCausalLM
-    >>> model = OrtModelForCausalLM.from_pretrained("onnx-folder")
+The ONNX names this package used to hand on (`export_onnx`, `OrtModelForCausalLM`, ...) live in `vaswani.export` and
+`vaswani.runtime`; importing them from here still works, with a `FutureWarning` that names the new home.
 """
 
 import importlib
+import warnings
 
-# name -> the subpackage that exports it
-_LAZY_NAMES = {
-    "convert_checkpoint": "checkpoints",
-    "from_transformers": "checkpoints",
-    "to_transformers": "checkpoints",
-    "export_onnx": "onnx",
-    "load_manifest": "onnx",
-    "validate_onnx_export": "onnx",
-    "ExportResult": "onnx",
-    "OnnxValidationError": "onnx",
-    "SUPPORTED_TASKS": "onnx",
-    "ValidationReport": "onnx",
-    "OrtModelForCausalLM": "onnx",
-    "OrtModelForFeatureExtraction": "onnx",
-    "OrtModelForMaskedLM": "onnx",
-    "OrtModelForSeq2SeqLM": "onnx",
-    "OrtModelForSequenceClassification": "onnx",
-    "OrtModelForTokenClassification": "onnx",
+from .checkpoints import convert_checkpoint, from_transformers, to_transformers
+
+# name -> its home since the package was split into export/, runtime/ and quantization/
+_MOVED_NAMES = {
+    "export_onnx": "vaswani.export",
+    "validate_onnx_export": "vaswani.export",
+    "ExportResult": "vaswani.export",
+    "OnnxValidationError": "vaswani.export",
+    "SUPPORTED_TASKS": "vaswani.export",
+    "ValidationReport": "vaswani.export",
+    "load_manifest": "vaswani.runtime",
+    "OrtModelForCausalLM": "vaswani.runtime",
+    "OrtModelForFeatureExtraction": "vaswani.runtime",
+    "OrtModelForMaskedLM": "vaswani.runtime",
+    "OrtModelForSeq2SeqLM": "vaswani.runtime",
+    "OrtModelForSequenceClassification": "vaswani.runtime",
+    "OrtModelForTokenClassification": "vaswani.runtime",
 }
 
 
+def moved_name(module: str, name: str, homes: dict[str, str]):
+    """`name` from its new home, with a FutureWarning (once per name and place) that says where to import it from."""
+    if name not in homes:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{module}.{name} moved to {homes[name]}; import it as `from {homes[name]} import {name}`. The old path "
+        "will be removed in a later release.",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return getattr(importlib.import_module(homes[name]), name)
+
+
 def __getattr__(name: str):
-    if name not in _LAZY_NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_LAZY_NAMES[name]}", __name__), name)
-    globals()[name] = value  # later lookups skip this function
+    value = moved_name(__name__, name, _MOVED_NAMES)
+    globals()[name] = value  # warned once: later lookups find it here
     return value
 
 
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY_NAMES])
-
-
-__all__ = sorted(_LAZY_NAMES)
+__all__ = ["convert_checkpoint", "from_transformers", "to_transformers"]

@@ -22,7 +22,7 @@ Example:
 """
 
 from .app import create_app
-from .models import EncoderService, GenerationService, load_service
-from .scheduler import Engine, QueueFull, SamplingParams
+from .scheduler import QueueFull, SamplingParams, Scheduler
+from .services import EncoderService, GenerationService, load_service
 
-__all__ = ["Engine", "EncoderService", "GenerationService", "QueueFull", "SamplingParams", "create_app", "load_service"]
+__all__ = ["Scheduler", "EncoderService", "GenerationService", "QueueFull", "SamplingParams", "create_app", "load_service"]

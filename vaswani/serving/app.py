@@ -37,7 +37,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics
 from .middleware import ApiKeyCheck, RequestContext
-from .models import EncoderService, GenerationService
 from .protocol import (
     ChatCompletionRequest,
     ClassificationRequest,
@@ -56,6 +55,7 @@ from .protocol import (
 )
 from .sampling import TokenLogprobs
 from .scheduler import EngineDead, Event, QueueFull, SamplingParams, Sequence
+from .services import EncoderService, GenerationService
 from .text import TextStream
 
 RETRY_AFTER_SECONDS = 1
@@ -84,7 +84,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         if isinstance(service, GenerationService):
-            service.engine.start()
+            service.scheduler.start()
         yield
         service.close()
 
@@ -108,7 +108,7 @@ def create_app(
     async def health() -> JSONResponse:
         # The process id tells replicas apart behind a router (Ray Serve).
         body = {"status": "ok", "model": service.name, "pid": os.getpid(), **service.stats()}
-        engine = getattr(service, "engine", None)
+        engine = getattr(service, "scheduler", None)
         if engine is not None and not engine.alive:
             # The watchdog's answer: a load balancer or Kubernetes takes the replica out, and restarts it.
             reason = engine.failure or ("the engine is stopping." if engine.stopping else "the engine is not started.")
@@ -279,7 +279,7 @@ class Answer:
     """The sequences of one request (its `n` choices of each prompt, choice i on `prompts[i]` with `params[i]`) and
     the queue their events arrive on, as (index, event).
 
-    Every sequence ends with one final event (its last token, an error, or the "abort" that `Engine.cancel` sends),
+    Every sequence ends with one final event (its last token, an error, or the "abort" that `Scheduler.cancel` sends),
     so `events` ends however the request ends: finished, cancelled by a disconnect, past its `timeout`, or failed.
     """
 
@@ -302,10 +302,10 @@ class Answer:
         try:
             for index, (prompt, choice_params) in enumerate(zip(prompts, params)):
                 emit = self.emitter(index)
-                self.sequences.append(service.engine.submit(prompt, choice_params, emit))
+                self.sequences.append(service.scheduler.submit(prompt, choice_params, emit))
         except QueueFull:
             self.cancel()
-            engine = service.engine
+            engine = service.scheduler
             # The request's own choices that were queued before the limit are not others' waiting requests.
             others = sum(1 for sequence in list(engine.waiting) if sequence not in self.sequences)
             raise OpenAIError(
@@ -333,7 +333,7 @@ class Answer:
             self.timer.cancel()
         for i, sequence in enumerate(self.sequences):
             if index is None or i == index:
-                self.service.engine.cancel(sequence)
+                self.service.scheduler.cancel(sequence)
 
     def expire(self) -> None:
         """The request's time is up: its choices end (with finish_reason "length") as their "abort" events come."""
@@ -355,7 +355,7 @@ class Answer:
                 continue  # tokens the engine made before it saw the cancellation, or its "abort"
             stream = streams[index]
             if event.error is not None:
-                if not self.service.engine.alive:
+                if not self.service.scheduler.alive:
                     raise engine_unavailable(event.error)
                 raise OpenAIError(f"Generation failed: {event.error}", status=500, type="server_error")
             delta = ""
@@ -435,7 +435,7 @@ async def answer(
     request: Request, service: GenerationService, kind: str, body: Any, prompts: list[list[int]], param: str
 ):
     """Generate `body.n` choices for each of `prompts`; choice j of prompt i has index i * n + j, as in OpenAI's API."""
-    capacity = service.engine.max_batch + service.engine.max_waiting
+    capacity = service.scheduler.max_batch + service.scheduler.max_waiting
     if len(prompts) * body.n > capacity:
         raise OpenAIError(
             f"This request asks for {len(prompts) * body.n} sequences ({len(prompts)} prompts x n={body.n}); this "

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .app import create_app
-from .models import load_service
+from .services import load_service
 
 
 class VaswaniReplica:

@@ -17,7 +17,7 @@ row whose choice fails ends alone, with an error event, and the others go on.
 Each new token is handed to the sequence's `emit` callback on the engine thread; the server's callback moves it to
 its asyncio loop. ONNX Runtime releases the GIL while a step runs, so the event loop serves HTTP meanwhile.
 
-    >>> engine = Engine(step_model(model), max_batch=16)
+    >>> engine = Scheduler(step_model(model), max_batch=16)
     >>> engine.start()
     >>> engine.submit(prompt_ids, SamplingParams(max_tokens=64, temperature=0.0), emit=print)
 """
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .engine import Batch, Prefill
+from .batches import Batch, Prefill
 from .sampling import RowSampler, SamplingParams, TokenChoice, TokenLogprobs
 from .sampling import choose_tokens as choose_row_tokens
 
@@ -52,7 +52,7 @@ class EngineDead(Exception):
 @dataclass
 class Event:
     """What the engine tells a sequence's owner: a new `token`, and with the last one the `finish_reason` ("stop":
-    an end-of-sequence token, "length": `max_tokens` or the context reached, "abort": `Engine.cancel`, "error": see
+    an end-of-sequence token, "length": `max_tokens` or the context reached, "abort": `Scheduler.cancel`, "error": see
     `error`), and the token's `logprobs` where the sequence asked for them. Every sequence gets exactly one event with a
     finish reason; a token the engine thread made while a cancellation was under way may still follow an "abort", and
     owners ignore it."""
@@ -82,7 +82,7 @@ class Sequence:
         return len(self.prompt) + len(self.generated) - 1
 
 
-class Engine:
+class Scheduler:
     """Runs a step model over a continuously changing batch of sequences, on a thread of its own.
 
     Args:
@@ -160,7 +160,7 @@ class Engine:
         seconds = {part: round(value, 4) for part, value in self.seconds.items()}
         return {"running": len(self.batch), "prefilling": prefilling, "waiting": len(self.waiting), "seconds": seconds}
 
-    def start(self) -> "Engine":
+    def start(self) -> "Scheduler":
         if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="vaswani-engine", daemon=True)
             self.thread.start()

@@ -37,8 +37,8 @@ Whole folders, tokenizer included, with a parity check before anything is writte
     >>> convert_checkpoint("vaswani-folder", "llama-again", reverse="llama")  # doctest: +SKIP
 """
 
-from .convert import check_convertible, from_transformers, infer_architecture, to_transformers
-from .folders import convert_checkpoint, load_converted
+from .convert import convert_checkpoint, load_converted
+from .in_memory import check_convertible, from_transformers, infer_architecture, to_transformers
 from .parity import PARITY_TOLERANCE, Parity, ParityError, measure_parity
 from .registry import ARCHITECTURES, TARGET_CLASSES
 

@@ -1,0 +1,162 @@
+"""`vaswani export`: a vaswani or transformers model folder to a validated ONNX folder (`export.export_onnx`)."""
+
+import argparse
+import sys
+
+from .options import stage_progress
+
+# Ends the process as soon as the command has finished, without the interpreter's teardown (`main.exit_now`).
+EXIT_WITHOUT_TEARDOWN = True
+
+DESCRIPTION = (
+    "Export a saved vaswani model to an ONNX folder (graphs with external weights, config, tokenizer, "
+        "manifest.json describing every input and output) with torch.onnx.export(dynamo=True). A transformers folder "
+        "is converted in memory first, as `vaswani convert` would (same graphs, no intermediate folder), and must "
+        "match the transformers model on a left-padded batch (max abs diff <= 1e-4). Every graph is then "
+        "run by ONNX Runtime on fresh shapes and padded batches and compared with PyTorch; the table of max abs "
+        "differences ends the output. The folder is built beside OUT and moved into place only when it validates."
+)
+EPILOG = (
+    "exit status: 0 exported and validated; 1 the converted transformers model or ONNX Runtime disagrees "
+        "with PyTorch beyond the tolerance (nothing is written); 2 bad input (missing folder, unsupported "
+        "architecture or task, non-empty output without --overwrite)."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `vaswani export`."""
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="DIR",
+        help="the model folder (save_pretrained): a vaswani one, or a transformers one (LLaMA, Mistral, Qwen2, "
+        "GPT-2, BERT, BART, T5), converted in memory and checked against it before the export",
+    )
+    parser.add_argument(
+        "--task",
+        help="feature-extraction, fill-mask, text-classification, token-classification, text-generation or "
+        "text2text-generation (default: the task of the saved model's head)",
+    )
+    parser.add_argument("--output", required=True, metavar="OUT", help="the folder to write")
+    parser.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32", help="weights and activations (fp32)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="trace and validate on (cpu)")
+    parser.add_argument("--optimize", action="store_true", help="save the graphs after ONNX Runtime's fusions")
+    parser.add_argument(
+        "--quantize",
+        choices=("int8", "int4"),
+        help="weight-only block-wise quantization for CPU, from fp32 (int8: within 1%% of fp32 perplexity on trained "
+        "models; int4: smaller and faster, lossier); the LM head stays 8-bit",
+    )
+    parser.add_argument("--block-size", type=int, help="weights per quantization block (default 32)")
+    parser.add_argument(
+        "--int4-method",
+        choices=("search", "gptq", "rtn"),
+        help="how int4 weights are chosen, all in the same layout and speed: search (default: each block's scale and "
+        "zero point searched for the smallest error), rtn (round to nearest from the block's range), or gptq "
+        "(calibrated on the package's corpus)",
+    )
+    parser.add_argument(
+        "--accuracy-level",
+        type=int,
+        choices=(0, 1, 4),
+        help="quantized matmuls compute in int8 (4, default, fastest) or float32 (0 or 1)",
+    )
+    parser.add_argument(
+        "--int4-mlp-out-bits",
+        type=int,
+        choices=(4, 8),
+        help="bits of the MLP output projections (down_proj, fc2) of an int4 export: 8 keeps these most sensitive "
+        "matrices in 8 bits, like the LM head, for some size and speed",
+    )
+    parser.add_argument(
+        "--int4-8bit-budget",
+        type=float,
+        metavar="FRACTION",
+        help="int4: bytes that 8-bit copies of the matrices most sensitive to rounding may add, as a fraction of the "
+        "4-bit weights (default 0.3; ranked by Fisher-weighted rounding error on the package's corpus, which needs the "
+        "model's tokenizer; 0: every body matrix in 4 bits)",
+    )
+    parser.add_argument(
+        "--int4-head-bits",
+        type=int,
+        choices=(4, 8),
+        help="int4: bits of the LM head (default 8; 4 is onnxruntime-genai's layout, smaller and lossier)",
+    )
+    parser.add_argument(
+        "--int4-symmetric",
+        action="store_true",
+        default=None,
+        help="int4: the speed-first layout, one scale per block and no zero points (MatMulNBits' faster kernels; "
+        "higher perplexity than the default's scale and zero point per block)",
+    )
+    parser.add_argument(
+        "--attention",
+        choices=("auto", "gqa", "portable"),
+        default="auto",
+        help="decoders' attention graph: gqa (ONNX Runtime's fused GroupQueryAttention with rotary and an in-place KV "
+        "buffer, fastest on CPU), portable (opset-23 Attention + RotaryEmbedding, any runtime), or auto (default: gqa "
+        "for --quantize and --optimize exports where it applies, else portable)",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        help="validation tolerance: relative to each output's largest value, per layer of depth for fp32 (default "
+        "2e-6) and overall for fp16 (5e-3); for int8 (0.15) and int4 (0.4) the logits' relative RMS error, beside "
+        "fixed cosine and top-1 bounds (docs/deployment.md)",
+    )
+    parser.add_argument(
+        "--opset",
+        type=int,
+        help="ONNX opset (default: 23 on cpu, whose Attention/RotaryEmbedding ops run fastest; 20 for older runtimes)",
+    )
+    parser.add_argument(
+        "--full-trace",
+        action="store_true",
+        help="trace every layer (slower, grows with depth) instead of tracing two and stamping the rest",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here, so that `vaswani --help` does not load torch and transformers.
+    from ..conversion.checkpoints import ParityError
+    from ..export import OnnxValidationError, export_onnx
+    from ..runtime.loading import set_command_threads
+
+    if args.quantize == "int4" and args.device == "cpu":
+        set_command_threads("int4-export", None)
+    try:
+        result = export_onnx(
+            args.model,
+            args.output,
+            args.task,
+            dtype=args.dtype,
+            device=args.device,
+            optimize=args.optimize,
+            quantize=args.quantize,
+            block_size=args.block_size,
+            accuracy_level=args.accuracy_level,
+            int4_method=args.int4_method,
+            int4_mlp_out_bits=args.int4_mlp_out_bits,
+            int4_8bit_budget=args.int4_8bit_budget,
+            int4_head_bits=args.int4_head_bits,
+            int4_symmetric=args.int4_symmetric,
+            attention=args.attention,
+            overwrite=args.overwrite,
+            tolerance=args.tolerance,
+            opset=args.opset,
+            stamp_layers=not args.full_trace,
+            progress=stage_progress(),
+        )
+    except OnnxValidationError as error:
+        print(error.report)
+        print(f"error: the export does not match PyTorch; nothing was written to {args.output}.", file=sys.stderr)
+        return 1
+    except ParityError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(result.validation)
+    return 0

@@ -1,0 +1,470 @@
+"""OpenVINO as a second engine for an exported decoder folder (`pip install 'vaswani[openvino]'`): the same portable
+graph file, compiled by OpenVINO for the CPU, behind the part of ONNX Runtime's `InferenceSession` that `OrtGraph`,
+the generation loops and the server call (`run`, `get_inputs`, `get_outputs`, `get_providers`).
+
+Why. ONNX Runtime's CPU provider has no bfloat16 or AMX matrix products; OpenVINO computes in bfloat16 where the
+CPU has AVX512_BF16 or AMX. The graph is compiled once, made stateful (`make_stateful`, `OpenVinoDecoder`): its
+cache lives in an infer request, the form OpenVINO's CPU plugin fuses into one attention-with-cache kernel (the
+cache appended in place, grouped-query heads read without copies), as in OpenVINO GenAI's own models. Run stateless,
+with the cache passed in and out on every call, the same graph spent about half of a decode step outside its
+kernels and lost every decode step to ONNX Runtime (docs/results/openvino_route_cpu.md).
+
+What runs where (docs/results/openvino_route_1b_cpu.md has the measurements):
+- prompts and prefill chunks (more than one token per row): OpenVINO;
+- `generate`'s greedy/sampling loop and the server's running batch: every step in OpenVINO with the cache held in
+  the request, where `OpenVinoDecoder.serves` (an unquantized export, or two rows or more); one-token steps of a
+  quantized export's single row run in ONNX Runtime, whose `MatMulNBits` kernels decoded those faster;
+- other one-token calls (`forward`, beam search): ONNX Runtime (`RoutedSession` routes each call by its length).
+The stateless hand-over works because the portable graph's cache is plain (batch, heads, length, head_dim) tensors:
+OpenVINO's state is written from and read into them. The cost is memory: both runtimes hold the weights (OpenVINO in
+its compute precision).
+
+    >>> model = OrtModelForCausalLM.from_pretrained("onnx-folder", engine="openvino")       # bf16 where the CPU has it
+    >>> model = OrtModelForCausalLM.from_pretrained("onnx-folder", engine="openvino", openvino_precision="f32")
+    >>> OpenVinoSession("onnx-folder/model.onnx", precision="bf16", threads=2).run(None, feeds)  # any graph, stateless
+"""
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ENGINES = ("onnxruntime", "openvino", "auto")
+PRECISIONS = ("auto", "f32", "bf16")
+# What OpenVINO calls the precisions (its INFERENCE_PRECISION_HINT), and what `get_providers` reports.
+OPENVINO_TYPES = {"f32": "f32", "bf16": "bf16"}
+PROVIDER_NAME = "OpenVINO"
+
+logger = logging.getLogger(__name__)
+
+
+def import_openvino():
+    try:
+        import openvino
+    except ImportError as error:
+        raise ImportError(
+            f"engine='openvino' needs OpenVINO ({error}); install it with pip install 'vaswani[openvino]'."
+        ) from error
+    return openvino
+
+
+def route_description(provider: str) -> str:
+    """How `engine="openvino"` splits the work, for logs and benchmark results; `provider` is what
+    `OrtModel.provider` reports ("OpenVINO (bf16)")."""
+    return (
+        f"prompts in {provider}, decode steps too where faster (unquantized exports; quantized ones from two rows), "
+        f"other one-token steps in ONNX Runtime"
+    )
+
+
+def check_engine(engine: str, precision: str = "auto") -> None:
+    """Raise a ValueError naming the choices for an unknown `engine` or OpenVINO `precision`."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} is not supported; use one of {list(ENGINES)}.")
+    if precision not in PRECISIONS:
+        raise ValueError(f"openvino_precision={precision!r} is not supported; use one of {list(PRECISIONS)}.")
+
+
+def chosen_engine(engine: str, manifest: dict, provider: str) -> str:
+    """What `engine="auto"` runs: "openvino" where the route was measured faster (a text-generation export in the
+    portable form, on the CPU provider, OpenVINO installed, and a CPU that computes bfloat16), else "onnxruntime".
+    Any other `engine` is returned as it is. The choice and its reason are logged: as a warning where OpenVINO
+    could not be imported, as info otherwise."""
+    if engine != "auto":
+        return engine
+    from .gqa import is_gqa_form
+
+    if manifest["task"] != "text-generation":
+        reason = f"the export's task is {manifest['task']!r} (OpenVINO runs text-generation exports)"
+    elif provider != "CPUExecutionProvider":
+        reason = f"it runs on {provider} (OpenVINO runs on the CPU)"
+    elif is_gqa_form(manifest):
+        reason = "the export is in the GroupQueryAttention form, which only ONNX Runtime runs"
+    else:
+        try:
+            precision = openvino_precision("auto")
+        except ImportError as error:
+            logger.warning("engine='auto' runs ONNX Runtime, not OpenVINO: %s", error)
+            return "onnxruntime"
+        if precision == "bf16":
+            logger.info("engine='auto' runs OpenVINO: a portable text-generation export, and this CPU computes bf16")
+            return "openvino"
+        reason = "this CPU does not compute bfloat16 (OpenVINO in f32 measured slower than ONNX Runtime there)"
+    logger.info("engine='auto' runs ONNX Runtime, not OpenVINO: %s", reason)
+    return "onnxruntime"
+
+
+def openvino_precision(requested: str = "auto") -> str:
+    """The compute precision OpenVINO runs in: `requested` when it is "f32" or "bf16", else ("auto") "bf16" where the
+    CPU computes bfloat16 natively (AVX512_BF16 or AMX: OpenVINO lists "BF16" among the CPU's optimization
+    capabilities) and "f32" elsewhere. Forced "bf16" on a CPU without it runs, emulated and slower."""
+    check_engine("openvino", requested)
+    if requested != "auto":
+        return requested
+    capabilities = import_openvino().Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    return "bf16" if "BF16" in capabilities else "f32"
+
+
+class _NodeArg:
+    """What `get_inputs` / `get_outputs` return, as ONNX Runtime's NodeArg: the name."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+class _SessionDescription:
+    """What ONNX Runtime's session says about itself, from `input_names`, `output_names` and `precision`."""
+
+    input_names: list[str]
+    output_names: list[str]
+    precision: str
+
+    def get_inputs(self) -> list[_NodeArg]:
+        return [_NodeArg(name) for name in self.input_names]
+
+    def get_outputs(self) -> list[_NodeArg]:
+        return [_NodeArg(name) for name in self.output_names]
+
+    def get_providers(self) -> list[str]:
+        return [f"{PROVIDER_NAME} ({self.precision})"]
+
+
+class OpenVinoSession(_SessionDescription):
+    """One exported graph compiled by OpenVINO for the CPU as it is (stateless), run like an ONNX Runtime session: what
+    validation runs graphs other than a text-generation decoder with (the decoder runs as `OpenVinoDecoder`).
+
+    `precision` is "f32" or "bf16" (see `openvino_precision`), `threads` OpenVINO's inference threads (as ONNX
+    Runtime's intra-op threads). Inputs are read in place (`share_inputs`), outputs copied out, so a returned array
+    stays valid after the next run. One infer request, guarded by a lock: calls from several threads take turns.
+
+    Example:
+        >>> session = OpenVinoSession("onnx-folder/model.onnx", precision="bf16", threads=2)
+        >>> logits, *present = session.run(None, feeds)   # feeds: name -> numpy array, as ONNX Runtime takes them
+    """
+
+    def __init__(self, path: str | Path, precision: str, threads: int):
+        self.path, self.precision, self.threads = Path(path), precision, threads
+        core, model = read_graph(self.path)
+        properties = {"INFERENCE_PRECISION_HINT": OPENVINO_TYPES[precision], "INFERENCE_NUM_THREADS": int(threads)}
+        self.compiled = core.compile_model(model, "CPU", properties)
+        self.request = self.compiled.create_infer_request()
+        self.input_names = [port.get_any_name() for port in self.compiled.inputs]
+        self.output_names = [port.get_any_name() for port in self.compiled.outputs]
+        self.output_ports = dict(zip(self.output_names, self.compiled.outputs))
+        self.lock = threading.Lock()
+
+    def run(self, output_names: list[str] | None, feeds: dict[str, np.ndarray], run_options: Any = None) -> list:
+        """The outputs named (all, in graph order, for None) of one inference on `feeds`, as numpy arrays."""
+        with self.lock:
+            results = self.request.infer(feeds, share_inputs=True, share_outputs=False)
+        return [results[self.output_ports[name]] for name in output_names or self.output_names]
+
+
+class RoutedSession:
+    """Prompt calls in OpenVINO, one-token calls in ONNX Runtime: `run` sends a call whose `input_ids` hold more than
+    one token per row to `prompt_session`, every other call to `step_session`. Both compile the same graph file, so
+    their inputs and outputs are the same and each one's present cache is the other's past.
+
+    Example:
+        >>> session = RoutedSession(OpenVinoDecoder(path, manifest, "bf16", 2), onnxruntime.InferenceSession(path))
+        >>> logits, *present = session.run(None, {"input_ids": prompt, ...})       # OpenVINO
+        >>> logits, *present = session.run(None, {"input_ids": next_tokens, ...})  # ONNX Runtime
+    """
+
+    def __init__(self, prompt_session: "OpenVinoDecoder", step_session: Any):
+        self.prompt_session, self.step_session = prompt_session, step_session
+        if {arg.name for arg in prompt_session.get_inputs()} != {arg.name for arg in step_session.get_inputs()}:
+            raise ValueError("The two sessions of a RoutedSession must run the same graph.")
+
+    def session_for(self, feeds: dict[str, np.ndarray]) -> Any:
+        ids = feeds.get("input_ids")
+        prompt = ids is None or ids.ndim < 2 or ids.shape[1] > 1
+        return self.prompt_session if prompt else self.step_session
+
+    def run(self, output_names: list[str] | None, feeds: dict[str, np.ndarray], run_options: Any = None) -> list:
+        return self.session_for(feeds).run(output_names, feeds)
+
+    def get_inputs(self) -> list:
+        return self.step_session.get_inputs()
+
+    def get_outputs(self) -> list:
+        return self.step_session.get_outputs()
+
+    def get_providers(self) -> list[str]:
+        """The prompt engine first (what `OrtModel.provider` reports), then ONNX Runtime's providers."""
+        return [*self.prompt_session.get_providers(), *self.step_session.get_providers()]
+
+
+class OpenVinoDecoder(_SessionDescription):
+    """A portable decoder graph compiled by OpenVINO with its cache inside: what `generate` runs every step in where
+    `serves` says so (`OrtModelForCausalLM.lean_sample`), and where `vaswani serve --engine openvino` keeps its running
+    batch's cache between steps (`serving.engine.OpenVinoBatch`).
+
+    Each infer request (`new_request`) holds one cache, so concurrent generations do not share one. For the lean loop
+    (`held_cache_sample`) it is the same duck type as `GqaDecoder`: `start` prefills a left-padded prompt and returns
+    the state its decode steps continue, `decode` appends one token per row. The graph is made stateful as OpenVINO
+    GenAI's models are (`make_stateful`); the cache is kept in float16 for bf16 compute and in float32 for f32.
+
+    Example:
+        >>> decoder = OpenVinoDecoder("onnx-folder/model.onnx", manifest, "bf16", threads=2, max_positions=8192)
+        >>> logits, state = decoder.start(input_ids, attention_mask)   # (batch, vocab): each row's last token
+        >>> logits = decoder.decode(state, logits.argmax(-1))
+    """
+
+    def __init__(
+        self, path: str | Path, manifest: dict, precision: str, threads: int, max_positions: int | None = None
+    ):
+        self.path, self.precision, self.threads = Path(path), precision, threads
+        core, model = read_graph(self.path)
+        self.input_names = [port.get_any_name() for port in model.inputs]  # the stateless graph's, for `run`
+        self.output_names = [port.get_any_name() for port in model.outputs]
+        pairs = make_stateful(model, manifest)
+        self.past_names, self.present_names = list(pairs), list(pairs.values())
+        properties = {
+            "INFERENCE_PRECISION_HINT": OPENVINO_TYPES[precision],
+            "INFERENCE_NUM_THREADS": int(threads),
+            "KV_CACHE_PRECISION": "f16" if precision == "bf16" else "f32",
+        }
+        self.compiled = core.compile_model(model, "CPU", properties)
+        self.logits_port = next(port for port in self.compiled.outputs if port.get_any_name() == "logits")
+        # OpenVINO names each state by its past input and present output; the cache's order is the inputs'.
+        self.state_order = {past + present: index for index, (past, present) in enumerate(pairs.items())}
+        self.max_positions = max_positions
+
+    @staticmethod
+    def serves(manifest: dict, batch: int) -> bool:
+        """Whether OpenVINO runs the decode steps of a `batch`-row generation: measured faster for unquantized
+        exports at any batch and for quantized ones from two rows (at one row ONNX Runtime's `MatMulNBits` decode
+        steps were faster: docs/results/openvino_route_1b_cpu.md)."""
+        return manifest.get("quantization") is None or batch > 1
+
+    def check_capacity(self, length: int) -> None:
+        """Refuse a step past the rotary table's positions."""
+        from .gqa import refuse_step_past
+
+        refuse_step_past(length, self.max_positions)
+
+    def new_request(self) -> Any:
+        """An infer request whose cache starts empty (for the batch of its first run)."""
+        return self.compiled.create_infer_request()
+
+    def infer(self, request: Any, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Feed `input_ids` (batch, new) after the request's cache, under `mask` (batch, cached + new) at `positions`
+        (batch, new); the cache grows by the new tokens. Returns the last column's logits (batch, vocab), a copy."""
+        feeds = {
+            "input_ids": np.ascontiguousarray(input_ids, dtype=np.int64),
+            "attention_mask": np.ascontiguousarray(mask, dtype=np.int64),
+            "logits_positions": np.array([input_ids.shape[1] - 1], dtype=np.int64),
+            "beam_idx": np.arange(input_ids.shape[0], dtype=np.int32),  # every row kept, in order
+        }
+        if "position_ids" in self.input_names:  # graphs whose positions do not use them (ALiBi) have none
+            feeds["position_ids"] = np.ascontiguousarray(positions, dtype=np.int64)
+        request.infer(feeds, share_inputs=True)
+        return request.get_tensor(self.logits_port).data[:, -1].copy()
+
+    def read_cache(self, request: Any) -> list[np.ndarray]:
+        """The request's cache as the graph's present tensors, (batch, kv_heads, length, head_dim) each, in order."""
+        cache = [None] * len(self.state_order)
+        for state in request.query_state():
+            cache[self.state_order[state.name]] = state.state.data.copy()
+        return cache
+
+    def write_cache(self, request: Any, cache: list[np.ndarray]) -> None:
+        """Replace the request's cache by `cache` (as `read_cache` returns it, or a graph's present tensors)."""
+        openvino = import_openvino()
+        for state in request.query_state():
+            state.state = openvino.Tensor(np.ascontiguousarray(cache[self.state_order[state.name]]))
+
+    def run(self, output_names: list[str] | None, feeds: dict[str, np.ndarray], run_options: Any = None) -> list:
+        """ONNX Runtime's `run` on the stateless graph's inputs and outputs (what `OrtGraph`, the route and validation
+        call): the past tensors written into a new request's cache, the present ones read back out. Returns the
+        outputs named (all, in graph order, for None) as numpy arrays."""
+        request = self.new_request()
+        past = [feeds[name] for name in self.past_names]
+        if past[0].shape[2]:  # else the request's cache starts empty, for the batch of this run
+            self.write_cache(request, past)
+        inputs = {name: feeds[name] for name in self.input_names if name in feeds and name not in self.past_names}
+        request.infer({**inputs, "beam_idx": np.arange(past[0].shape[0], dtype=np.int32)}, share_inputs=True)
+        outputs = dict(zip(self.present_names, self.read_cache(request)))
+        outputs["logits"] = request.get_tensor(self.logits_port).data.copy()
+        return [outputs[name] for name in output_names or self.output_names]
+
+    def start(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, capacity: int | None = None
+    ) -> tuple[torch.Tensor, "OpenVinoState"]:
+        """Prefill a left-padded prompt in a new request: each row's last token's logits (batch, vocab) and the decode
+        steps' state. Raises `NotLeftPaddedError` where the last column holds padding."""
+        from .contract import positions_from_mask
+        from .gqa import NotLeftPaddedError, refuse_capacity_past
+
+        refuse_capacity_past(capacity, self.max_positions)
+        mask = torch.ones_like(input_ids) if attention_mask is None else torch.as_tensor(attention_mask)
+        if not bool(mask[:, -1].all()):
+            raise NotLeftPaddedError
+        positions = positions_from_mask(mask).numpy()  # as generate makes them
+        mask = mask.to(torch.int64).numpy()
+        state = OpenVinoState(self.new_request(), mask, positions[:, -1:] + 1)
+        logits = self.infer(state.request, input_ids.numpy(), mask, positions)
+        return torch.from_numpy(logits), state
+
+    def decode(self, state: "OpenVinoState", tokens: torch.Tensor) -> torch.Tensor:
+        """One token per row (batch,): the (batch, vocab) logits of the next."""
+        state.mask = np.concatenate([state.mask, np.ones((state.mask.shape[0], 1), dtype=np.int64)], 1)
+        logits = self.infer(state.request, tokens.numpy()[:, None], state.mask, state.next_positions)
+        state.next_positions = state.next_positions + 1
+        return torch.from_numpy(logits)
+
+
+@dataclass
+class OpenVinoState:
+    """One generate call's cache (inside `request`), its attention mask so far and each row's next position."""
+
+    request: Any
+    mask: np.ndarray  # (batch, tokens held) int64
+    next_positions: np.ndarray  # (batch, 1) int64
+
+
+def read_graph(path: Path) -> tuple[Any, Any]:
+    """OpenVINO's `Core` and the graph at `path` as its ONNX reader reads it; a graph it cannot read raises a
+    ValueError naming the fix (`unreadable_graph_message`)."""
+    core = import_openvino().Core()
+    with readable_graph_path(path) as readable:
+        try:
+            return core, core.read_model(str(readable))
+        except RuntimeError as error:
+            raise ValueError(unreadable_graph_message(path, error)) from error
+
+
+@contextmanager
+def readable_graph_path(path: Path) -> Iterator[Path]:
+    """`path`, or a path to the same graph that OpenVINO reads. Its ONNX reader refuses external data that resolves
+    outside the graph's folder, which is how the Hugging Face Hub's cache stores a download (each file a symlink into
+    the cache's blobs). Then the graph and its data files are hard-linked under their own names into a temporary
+    folder beside the data (no copy), which is removed once read: OpenVINO has mapped the data by then."""
+    import onnx
+
+    folder = path.parent
+    graph = onnx.load(str(path), load_external_data=False).graph
+    locations = {
+        entry.value
+        for tensor in graph.initializer
+        if tensor.data_location == onnx.TensorProto.EXTERNAL
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }
+    outside = [name for name in locations if (folder / name).resolve().parent != folder.resolve()]
+    if not outside:
+        yield path
+        return
+    data = (folder / outside[0]).resolve()
+    try:
+        linked = Path(tempfile.mkdtemp(prefix=".openvino-", dir=data.parent))
+    except OSError as error:
+        raise ValueError(linked_data_message(folder, outside[0], data, error)) from error
+    try:
+        for name in [path.name, *sorted(locations)]:
+            os.link((folder / name).resolve(), linked / name)
+        yield linked / path.name
+    except OSError as error:
+        raise ValueError(linked_data_message(folder, outside[0], data, error)) from error
+    finally:
+        shutil.rmtree(linked, ignore_errors=True)
+
+
+def linked_data_message(folder: Path, name: str, data: Path, error: Exception) -> str:
+    return (
+        f"OpenVINO reads a graph's external data only from inside the graph's folder, and {folder / name} links to "
+        f"{data}, outside {folder} (as the Hugging Face Hub's cache stores files); linking the files side by side "
+        f"failed ({error}). Copy the folder without links (cp -rL, or huggingface_hub's "
+        f"snapshot_download(..., local_dir=...)) and load the copy."
+    )
+
+
+def make_stateful(model: Any, manifest: dict) -> dict[str, str]:
+    """Turn a portable decoder graph, read by OpenVINO, into the stateful form its CPU plugin fuses into one
+    attention-with-cache kernel (the form OpenVINO GenAI's models have):
+    - each past/present pair becomes one state (OpenVINO's `MakeStateful`), starting empty for the batch of
+      `input_ids` on every new infer request;
+    - each state is read through a `Gather` by a new `beam_idx` input (the rows to keep, in order), which the fusion
+      expects;
+    - the grouped-query heads' `Tile` of the keys and values becomes the equal bidirectional `Broadcast` (the repeated
+      axis has size 1), the form the fusion recognises.
+    Returns the past input -> present output pairs that became states, in the graph's cache order."""
+    import openvino
+    from openvino import opset13
+    from openvino.passes import MakeStateful, Manager
+
+    layers, heads, head_dim = manifest["num_layers"], manifest["num_key_value_heads"], manifest["head_dim"]
+    pairs = {f"past_key_values.{i}.{kind}": f"present.{i}.{kind}" for i in range(layers) for kind in ("key", "value")}
+    manager = Manager()
+    manager.register_pass(MakeStateful(pairs))
+    manager.run_passes(model)
+    rows = opset13.parameter([-1], openvino.Type.i32, name="beam_idx")
+    rows.output(0).set_names({"beam_idx"})
+    input_ids = next(parameter for parameter in model.get_parameters() if parameter.get_friendly_name() == "input_ids")
+    axis0 = opset13.constant(np.array(0, dtype=np.int64))
+    batch = opset13.gather(opset13.shape_of(input_ids), opset13.constant(np.array([0], dtype=np.int64)), axis0)
+    empty_shape = opset13.concat([batch, opset13.constant(np.array([heads, 0, head_dim], dtype=np.int64))], 0)
+    for node in model.get_ordered_ops():
+        kind = node.get_type_name()
+        if kind == "ReadValue":
+            node.set_arguments([opset13.broadcast(opset13.constant(np.array(0, dtype=np.float32)), empty_shape)])
+            readers = list(node.output(0).get_target_inputs())
+            kept = opset13.gather(node.output(0), rows, axis0)
+            for reader in readers:
+                reader.replace_source_output(kept.output(0))
+        elif kind == "Tile" and repeats_unit_axes(node):
+            broadcast = opset13.broadcast(node.input_value(0), node.input_value(1), broadcast_spec="BIDIRECTIONAL")
+            broadcast.set_friendly_name(node.get_friendly_name())
+            node.output(0).replace(broadcast.output(0))
+    model.add_parameters([rows])
+    model.validate_nodes_and_infer_types()
+    return pairs
+
+
+def repeats_unit_axes(tile: Any) -> bool:
+    """Whether a `Tile` only repeats axes of size 1 (so a bidirectional `Broadcast` computes the same)."""
+    repeats = tile.input_value(1).get_node()
+    shape = tile.input_value(0).get_partial_shape()
+    if repeats.get_type_name() != "Constant" or shape.rank.is_dynamic:
+        return False
+    counts = repeats.get_vector()
+    return len(counts) == shape.rank.get_length() and all(
+        count == 1 or (dim.is_static and dim.get_length() == 1) for count, dim in zip(counts, shape)
+    )
+
+
+def unreadable_graph_message(path: Path, error: Exception) -> str:
+    """Why OpenVINO could not read `path`, with the fix: the ONNX Runtime-only operators it holds (the
+    GroupQueryAttention form and fused norms of quantized and --optimize exports), which a portable export avoids."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    contrib = sorted({node.op_type for node in graph.node if node.domain not in ("", "ai.onnx")})
+    detail = f" It holds ONNX Runtime-only operators: {', '.join(contrib)}." if contrib else ""
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (
+        f"OpenVINO cannot read {path} ({first_line}).{detail} Export the model again with "
+        f"`vaswani export --attention portable` (and without --optimize) for a graph that OpenVINO reads."
+    )
+
+
+def refuse_unreadable_form(folder: Path, manifest: dict) -> None:
+    """Refuse, before compiling anything, a folder whose decoder is the GroupQueryAttention form (ONNX Runtime-only)."""
+    from .gqa import is_gqa_form
+
+    if is_gqa_form(manifest):
+        raise ValueError(
+            f"{folder} holds the GroupQueryAttention form of the decoder (com.microsoft.GroupQueryAttention, what "
+            f"--quantize and --optimize write by default), which only ONNX Runtime runs. For engine='openvino', "
+            f"export the model again with `vaswani export --attention portable`."
+        )

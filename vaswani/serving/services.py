@@ -1,0 +1,251 @@
+"""What a served folder can do: generate (a causal LM, through the continuous-batching `Scheduler`), embed (an encoder's
+feature-extraction export) or classify (a text-classification export), with its tokenizer.
+
+    >>> service = load_service("exported/decoder")                       # ONNX Runtime, CPU
+    >>> service = load_service("vaswani-folder", backend="torch")       # PyTorch
+    >>> service.scheduler.start()
+"""
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from .batches import TorchStepModel, context_length, step_model
+from .protocol import OpenAIError
+from .scheduler import Scheduler
+
+GENERATION_TASKS = ("text-generation",)
+ENCODER_TASKS = ("feature-extraction", "text-classification")
+
+
+class GenerationService:
+    """A causal LM behind the engine: turns messages and prompts into token ids, checked against the model."""
+
+    kind = "generation"
+
+    def __init__(self, name: str, tokenizer: PreTrainedTokenizerBase, scheduler: Scheduler, eos_token_ids: set[int]):
+        self.name, self.tokenizer, self.scheduler = name, tokenizer, scheduler
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.context_length = scheduler.model.context_length
+        self.vocab_size = scheduler.model.vocab_size
+
+    def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
+        if self.tokenizer.chat_template is None:
+            raise OpenAIError(
+                f"The model {self.name!r} has no chat template in its tokenizer; use /v1/completions with a plain "
+                "prompt, or set tokenizer.chat_template and save the tokenizer into the folder.",
+                param="messages",
+            )
+        from jinja2 import TemplateError, TemplateSyntaxError  # what transformers renders chat templates with
+
+        try:
+            encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+        except TemplateSyntaxError:
+            raise  # the model's template is broken: the server's fault, a 500
+        except TemplateError as error:
+            # The template refused these messages (its `raise_exception`, e.g. roles that do not alternate): the
+            # client's to fix, as vLLM answers it.
+            raise OpenAIError(f"The model's chat template rejected the messages: {error}", param="messages") from None
+        return list(encoded["input_ids"])
+
+    def text_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        return list(prompt)
+
+    def check(self, prompt: list[int], max_tokens: int | None, param: str) -> int:
+        """The number of new tokens allowed for `prompt`: `max_tokens`, or what is left of the context; a 400 when
+        the prompt (and `max_tokens`) do not fit or hold ids outside the vocabulary."""
+        outside = [token for token in prompt if not 0 <= token < self.vocab_size]
+        if outside:
+            raise OpenAIError(
+                f"The prompt holds token ids outside the vocabulary [0, {self.vocab_size}): {outside[:5]}."
+            )
+        room = self.context_length - len(prompt)
+        if room < 1:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.context_length} tokens, but the prompt has "
+                f"{len(prompt)} tokens. Shorten the {param}.",
+                param=param,
+                code="context_length_exceeded",
+            )
+        if max_tokens is not None and max_tokens > room:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.context_length} tokens. However, you requested "
+                f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the {param}, {max_tokens} in the completion). "
+                f"Reduce the length of the {param} or max_tokens (at most {room} here).",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return max_tokens if max_tokens is not None else room
+
+    def stats(self) -> dict[str, Any]:
+        return self.scheduler.stats()
+
+    def close(self) -> None:
+        self.scheduler.stop()
+
+
+class EncoderService:
+    """An exported encoder: mean-pooled, L2-normalized embeddings (feature-extraction) or class probabilities
+    (text-classification). Requests run the graph directly (no batching across requests): one call per request."""
+
+    def __init__(self, name: str, tokenizer: PreTrainedTokenizerBase, model: Any, task: str):
+        self.name, self.tokenizer, self.model = name, tokenizer, model
+        self.kind = "embedding" if task == "feature-extraction" else "classification"
+        self.context_length = context_length(model.config)
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def encode(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded ids and their mask; a 400 for a text longer than the context."""
+        if not texts or any(not isinstance(text, str) or not text for text in texts):
+            raise OpenAIError(
+                "input must be a non-empty string or a non-empty list of non-empty strings.", param="input"
+            )
+        rows = [self.tokenizer(text)["input_ids"] for text in texts]
+        longest = max(len(row) for row in rows)
+        if longest > self.context_length:
+            raise OpenAIError(
+                f"An input has {longest} tokens; this model's maximum context length is {self.context_length}.",
+                param="input",
+                code="context_length_exceeded",
+            )
+        ids = torch.full((len(rows), longest), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), longest), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
+        return ids, mask
+
+    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        ids, mask = self.encode(texts)
+        hidden = self.model(ids, attention_mask=mask).last_hidden_state.float()
+        pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+        return torch.nn.functional.normalize(pooled, dim=-1).tolist(), int(mask.sum())
+
+    def classify(self, texts: list[str]) -> tuple[list[dict[str, Any]], int]:
+        ids, mask = self.encode(texts)
+        probabilities = self.model(ids, attention_mask=mask).logits.float().softmax(-1)
+        labels = self.model.config.id2label
+        results = []
+        for row in probabilities.tolist():
+            best = int(np.argmax(row))
+            scores = {labels.get(i, str(i)): score for i, score in enumerate(row)}
+            results.append({"label": labels.get(best, str(best)), "score": row[best], "scores": scores})
+        return results, int(mask.sum())
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def load_service(
+    folder: str | os.PathLike,
+    backend: str = "onnx",
+    provider: str = "cpu",
+    threads: int | None = None,
+    name: str | None = None,
+    max_batch: int = 16,
+    max_waiting: int = 64,
+    prefill_chunk: int = 32,
+    engine: str = "onnxruntime",
+    openvino_precision: str = "auto",
+) -> GenerationService | EncoderService:
+    """Load `folder` for serving: an exported ONNX folder (`backend="onnx"`, on `provider` "cpu" or "cuda") or a
+    PyTorch vaswani folder (`backend="torch"`), local or a Hub repository id; `threads` ONNX Runtime's intra-op threads (default: every available core; the torch backend
+    runs on torch's threads as the process set them); `name`
+    the model id clients send (default: the folder's name); `engine="openvino"` runs a text-generation export's
+    prompt steps (prefill chunks) in OpenVINO in `openvino_precision` (`OrtModel.from_pretrained`). The engine is not
+    started."""
+    if name is None:  # a local folder's name as given (a symlink's own, "."'s directory); a Hub id as it is
+        name = Path(os.path.abspath(folder)).name if Path(folder).exists() else str(folder)
+    folder = resolve_folder(folder)
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{folder} is not a model folder (no config.json); pass an exported or saved vaswani folder.")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if backend == "onnx":
+        if not (folder / "manifest.json").is_file():
+            raise ValueError(
+                f"{folder} has no manifest.json: it is not an ONNX export. For a PyTorch folder pass --backend torch."
+            )
+        manifest = json.loads((folder / "manifest.json").read_text())
+        task = manifest["task"]
+        if task in GENERATION_TASKS:
+            from ..runtime import OrtModelForCausalLM
+            from ..runtime.gqa import is_gqa_form
+
+            if provider != "cpu" and is_gqa_form(manifest):
+                raise ValueError(
+                    f"{folder} holds the GroupQueryAttention form of the decoder (what --quantize and --optimize "
+                    f"write), which runs on the CPU only; serve it with --device cpu, or export for {provider} with "
+                    "--attention portable."
+                )
+
+            model = OrtModelForCausalLM.from_pretrained(
+                folder,
+                provider,
+                session_options=session_options(threads),
+                engine=engine,
+                openvino_precision=openvino_precision,
+            )
+            scheduler = Scheduler(step_model(model), max_batch, max_waiting, prefill_chunk)
+            return GenerationService(name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer))
+        if engine == "openvino":
+            raise ValueError(f"{folder} holds a {task!r} export; engine={engine!r} serves text-generation exports.")
+        if task in ENCODER_TASKS:
+            from ..runtime import OrtModelForFeatureExtraction, OrtModelForSequenceClassification
+
+            model_class = (
+                OrtModelForFeatureExtraction if task == "feature-extraction" else OrtModelForSequenceClassification
+            )
+            model = model_class.from_pretrained(folder, provider, session_options=session_options(threads))
+            return EncoderService(name, tokenizer, model, task)
+        raise ValueError(
+            f"{folder} holds a {task!r} export; vaswani serve serves text-generation (chat and completions), "
+            f"feature-extraction (embeddings) and text-classification exports."
+        )
+    if engine == "openvino":
+        raise ValueError(f"engine={engine!r} runs ONNX exports; it cannot serve with backend={backend!r}.")
+    if backend == "torch":
+        from ..modeling import VaswaniForCausalLM
+
+        model = VaswaniForCausalLM.from_pretrained(folder)
+        if provider == "cuda":
+            model = model.to("cuda")
+        scheduler = Scheduler(TorchStepModel(model), max_batch, max_waiting, prefill_chunk)
+        return GenerationService(name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer))
+    raise ValueError(f"backend must be 'onnx' or 'torch', got {backend!r}.")
+
+
+def resolve_folder(folder: str | os.PathLike) -> Path:
+    """A local folder as it is; a Hugging Face Hub repository id ("owner/name", not a local path) downloaded into the
+    Hub cache (each Ray replica on another machine does this itself)."""
+    path = Path(folder)
+    text = str(folder)
+    if path.exists() or text.count("/") != 1 or text.startswith((".", "/", "~")):
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(text))
+
+
+def session_options(threads: int | None):
+    from ..runtime import default_session_options
+
+    return default_session_options(threads)
+
+
+def eos_ids(generation_config: Any, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """The ids that end an answer: the generation config's end-of-sequence ids, else the tokenizer's."""
+    configured = getattr(generation_config, "eos_token_id", None)
+    ids = configured if isinstance(configured, list) else [configured]
+    ids = {token for token in ids if token is not None}
+    if not ids and tokenizer.eos_token_id is not None:
+        ids = {tokenizer.eos_token_id}
+    return ids
