@@ -29,7 +29,7 @@ help:
 	@echo "make test-floor the test suite on the declared floors of transformers, onnx, onnxruntime, ... (.venv-floor)"
 	@echo "make setup      create .venv and install PyTorch (CPU) and vaswani[$(EXTRAS)] in editable mode"
 	@echo "make lint       ruff check"
-	@echo "make benchmark  run benchmarks/benchmark.py"
+	@echo "make benchmark  run python -m benchmarks.benchmark"
 	@echo "make clean      remove outputs/; make distclean also removes .venv"
 
 setup: $(STAMP)
@@ -78,7 +78,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 
 benchmark: $(STAMP)
-	$(PY) benchmarks/benchmark.py $(ARGS)
+	$(PY) -m benchmarks.benchmark $(ARGS)
 
 clean:
 	rm -rf outputs

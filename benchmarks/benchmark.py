@@ -5,14 +5,14 @@ attention backend, and is timed alternately in one process so machine drift hits
 medians of `--repeats` runs after a warm-up; the ratio is vaswani's time over the reference's (below 1.0:
 vaswani is faster).
 
-    python benchmarks/benchmark.py                               # all families, 2 CPU threads, fp32
-    python benchmarks/benchmark.py --family decoder --markdown benchmark.md
-    python benchmarks/benchmark.py --batch 2 --seq 128 --new-tokens 32 --repeats 5 \
+    python -m benchmarks.benchmark                               # all families, 2 CPU threads, fp32
+    python -m benchmarks.benchmark --family decoder --markdown benchmark.md
+    python -m benchmarks.benchmark --batch 2 --seq 128 --new-tokens 32 --repeats 5 \
         --json docs/results/benchmark_cpu.json --markdown docs/results/benchmark_cpu.md  # the published page
-    python benchmarks/benchmark.py --device cuda --dtype bfloat16 --static-cache  # GPU, compiled static cache
+    python -m benchmarks.benchmark --device cuda --dtype bfloat16 --static-cache  # GPU, compiled static cache
 
 With `--json`, the raw medians and the tables go to that file and `--markdown` is rendered from it
-(benchmarks/results.py). Shapes: LLaMA-shaped decoder (21.8M parameters) vs `LlamaForCausalLM`; BART-shaped
+(benchmarks/results/). Shapes: LLaMA-shaped decoder (21.8M parameters) vs `LlamaForCausalLM`; BART-shaped
 encoder-decoder (49.3M) vs `BartForConditionalGeneration`; a 4-layer BERT-base-wide encoder vs `BertModel`.
 """
 
@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from results import TABLE_MAKERS, machine, write  # benchmarks/results.py
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -36,6 +35,8 @@ from transformers import (
     PreTrainedModel,
 )
 
+from benchmarks.provenance import machine
+from benchmarks.results.pages import TABLE_MAKERS, write
 from vaswani.conversion.checkpoints import from_transformers
 
 VOCAB = 8000
@@ -282,7 +283,7 @@ def main() -> None:
     report = "\n\n".join(tables)
     print("\n" + report)
     if args.json:
-        command = "python benchmarks/benchmark.py " + " ".join(sys.argv[1:])
+        command = "python -m benchmarks.benchmark " + " ".join(sys.argv[1:])
         results = {
             "title": "vaswani against transformers' own models, side by side",
             "command": command,

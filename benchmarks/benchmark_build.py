@@ -6,8 +6,8 @@ rounds alternate which way goes first, so that drift on a shared machine hits bo
 start and imports included. After each pair of builds the two `model.onnx` files (and their weights) are compared
 byte for byte. Outputs go under `--work-dir` and are deleted after each pair.
 
-    python benchmarks/benchmark_build.py                                    # SmolLM2-135M, fp32/int8/int4, 3 rounds
-    python benchmarks/benchmark_build.py --precisions fp32 --rounds 1 --markdown docs/results/build_time.md
+    python -m benchmarks.benchmark_build                                    # SmolLM2-135M, fp32/int8/int4, 3 rounds
+    python -m benchmarks.benchmark_build --precisions fp32 --rounds 1 --markdown docs/results/build_time.md
 
 Only public tools: the `vaswani` command line, `subprocess` and `time`.
 """
@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import command_line, machine, render, write  # noqa: E402
+from benchmarks.provenance import command_line, machine
+from benchmarks.results.pages import render, write
 
 REPO = Path(__file__).resolve().parents[1]
 PRECISIONS = {"fp32": [], "int8": ["--quantize", "int8"], "int4": ["--quantize", "int4"]}
@@ -77,7 +77,7 @@ def same_graphs(first: Path, second: Path) -> bool:
 
 
 def results(hf: Path, rounds: int, runs: dict, identical: dict, load: tuple[float, float]) -> dict:
-    """The page's results: the rounds' seconds, whose tables benchmarks/results.py computes (build_time_tables)."""
+    """The page's results: the rounds' seconds, whose tables benchmarks/results/ computes (build_time_tables)."""
     after = [
         "- two commands: `vaswani convert --from HF_DIR --to VASWANI_DIR` (load, convert, save safetensors, load "
         "back, parity check with greedy generation, tokenizer), then `vaswani export --model VASWANI_DIR`; one "
@@ -127,7 +127,7 @@ def main() -> None:
             remove_builds(work)
     page = results(args.hf, args.rounds, runs, identical, (load_before[0], os.getloadavg()[0]))
     print(render(page, args.json.name if args.json else "build_time.json"))
-    if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
+    if args.json:  # the page: rendered from the JSON (benchmarks/results/)
         write(page, args.json, args.markdown)
     elif args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)

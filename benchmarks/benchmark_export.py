@@ -12,9 +12,9 @@ precision asked for (fp32, int8, int4). The stages come from the command's progr
 export (tracing, stamping and saving the graph), quantization, and validation against PyTorch (the float graph, and
 the quantized one). "process" is the command's whole wall time, Python start and imports included.
 
-    python benchmarks/benchmark_export.py                                   # everything: about 15 min on 2 cores
-    python benchmarks/benchmark_export.py --models smollm2 --precisions fp32 --markdown docs/results/export_time.md
-    python benchmarks/benchmark_export.py --decode STAMPED_FOLDER TRACED_FOLDER --rounds 3   # the graphs decode alike
+    python -m benchmarks.benchmark_export                                   # everything: about 15 min on 2 cores
+    python -m benchmarks.benchmark_export --models smollm2 --precisions fp32 --markdown docs/results/export_time.md
+    python -m benchmarks.benchmark_export --decode STAMPED_FOLDER TRACED_FOLDER --rounds 3   # the graphs decode alike
 
 Only public tools: the `vaswani` command line and its progress lines.
 """
@@ -142,7 +142,7 @@ def compare_decode(folders: dict[str, Path], rounds: int) -> str:
     tokens = {}
     for _ in range(rounds):
         for name, folder in folders.items():
-            command = [sys.executable, __file__, "--decode-child", str(folder)]
+            command = [sys.executable, "-m", __spec__.name, "--decode-child", str(folder)]
             result = json.loads(
                 subprocess.run(command, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
             )
@@ -254,9 +254,8 @@ def main() -> None:
     load_after = os.getloadavg()
     table = render(rows, convert, load_before, load_after, args.rounds)
     print(table)
-    if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from results import publish_report
+    if args.json:  # the page: rendered from the JSON (benchmarks/results/)
+        from benchmarks.results.pages import publish_report
 
         publish_report(table, args.json, args.markdown, {"rows": rows, "convert": convert}, None)
     elif args.markdown:
@@ -306,7 +305,7 @@ def render(rows: list[dict], convert: dict | None, load_before, load_after, roun
     lines = [
         "# Export time: layer stamping against the full trace",
         "",
-        f"`python benchmarks/benchmark_export.py` on {cpu_name()}, {os.cpu_count()} cores; each command in its own "
+        f"`python -m benchmarks.benchmark_export` on {cpu_name()}, {os.cpu_count()} cores; each command in its own "
         f"process, stamped and full-trace exports alternating; {rounds} round(s) (medians). "
         + (
             "Rendered from the run's progress log (`--render-log`). "

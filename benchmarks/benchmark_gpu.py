@@ -1,9 +1,9 @@
 """The GPU path end to end on a SmolLM2-135M-shaped model: fp16 export for CUDA, greedy parity with PyTorch, and decode
 speed beside transformers' own model, each system timed by `vaswani bench` in a process of its own, alternating.
 
-    python benchmarks/benchmark_gpu.py --work /tmp/gpu-bench --json docs/results/benchmark_gpu.json \
+    python -m benchmarks.benchmark_gpu --work /tmp/gpu-bench --json docs/results/benchmark_gpu.json \
         --markdown docs/results/benchmark_gpu.md
-    python benchmarks/benchmark_gpu.py --render docs/results/benchmark_gpu.json --markdown docs/results/benchmark_gpu.md
+    python -m benchmarks.benchmark_gpu --render docs/results/benchmark_gpu.json --markdown docs/results/benchmark_gpu.md
 
 The model is transformers' `LlamaForCausalLM` with SmolLM2-135M-Instruct's configuration and seeded random weights
 drawn at each tensor's mean and standard deviation in the trained checkpoint (`reference_shapes.py`, which
@@ -31,9 +31,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.reference_shapes import SHAPES, write_reference_folder
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from reference_shapes import SHAPES, write_reference_folder  # noqa: E402
 
 SYSTEMS = {
     "vaswani-ort-cuda": "onnx-fp16",
@@ -284,9 +284,8 @@ def main() -> None:
             report["export"] = export(args.work, args.device)
             report["export"]["log"] = report["export"]["log"][-2000:]
             save()
-            output = run(
-                [sys.executable, __file__, "--child", "parity", "--work", str(args.work), "--device", args.device]
-            )
+            child = ["--child", "parity", "--work", str(args.work), "--device", args.device]
+            output = run([sys.executable, "-m", __spec__.name, *child])
             report["parity"] = json.loads(output.split("PARITY ", 1)[1].splitlines()[0])
         except RuntimeError as error:  # without an export, transformers' rows are still measured
             report["failures"]["vaswani-ort-cuda"] = str(error)[-2000:]
@@ -315,14 +314,13 @@ def main() -> None:
 
 
 def publish(report: dict, json_path: Path, markdown_path: Path | None) -> str:
-    """The page through `results.py`: the raw report, the GPU it ran on, and the tables computed from them."""
-    sys.path.insert(0, str(HERE))
-    from results import write
+    """The page through `benchmarks.results`: the raw report, the GPU it ran on, and the tables computed from them."""
+    from benchmarks.results.pages import write
 
     info = report["machine"]
     results = {
         "title": "GPU: fp16 export on ONNX Runtime's CUDA provider beside transformers",
-        "command": f"python benchmarks/benchmark_gpu.py --json {json_path.name} --markdown {json_path.stem}.md",
+        "command": f"python -m benchmarks.benchmark_gpu --json {json_path.name} --markdown {json_path.stem}.md",
         "machine": {
             "gpu": f"one {info['gpu']} ({info.get('driver, memory', '')}), commit {info['commit']}",
             "date": info["date"],

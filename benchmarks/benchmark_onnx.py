@@ -6,10 +6,10 @@ Runtime's thread spinning is turned off (it took the cores from the PyTorch runs
 the ratios this script once reported); benchmarks/benchmark_engines.py times each system in a process of its own and
 compares against other engines.
 
-    python benchmarks/benchmark_onnx.py                        # decoder, seq2seq and int8 sections (CPU), about 10 min
-    python benchmarks/benchmark_onnx.py --quick                # 16 new tokens, 1 run: checks that everything works
-    python benchmarks/benchmark_onnx.py --sections int8 --markdown onnx.md
-    python benchmarks/benchmark_onnx.py --sections gpu         # fp16 ORT CUDA vs PyTorch CUDA (needs a GPU)
+    python -m benchmarks.benchmark_onnx                        # decoder, seq2seq and int8 sections (CPU), about 10 min
+    python -m benchmarks.benchmark_onnx --quick                # 16 new tokens, 1 run: checks that everything works
+    python -m benchmarks.benchmark_onnx --sections int8 --markdown onnx.md
+    python -m benchmarks.benchmark_onnx --sections gpu         # fp16 ORT CUDA vs PyTorch CUDA (needs a GPU)
 
 Sections:
 - decoder: LLaMA-shaped decoder (21.8M parameters), fp32, random weights (seed 0). Bar: ORT >= 2.5x PyTorch.
@@ -26,15 +26,16 @@ Exports are kept in `--work-dir` and reused by later runs (the weights are seede
 
 import argparse
 import copy
+import importlib.util
 import math
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import torch
-from benchmark import BART_SHAPE, LLAMA_SHAPE, VOCAB, time_alternating  # benchmarks/benchmark.py
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -46,12 +47,14 @@ from transformers import (
 )
 
 import vaswani  # noqa: F401  (registers the vaswani models with the Auto classes)
+from benchmarks.benchmark import BART_SHAPE, LLAMA_SHAPE, VOCAB, time_alternating
 from vaswani.conversion.checkpoints import from_transformers
 from vaswani.evaluation.perplexity import summed_nll
 from vaswani.evaluation.speed import memory_bandwidth
 from vaswani.export import export_onnx
 from vaswani.runtime import OrtModelForCausalLM, OrtModelForGeneration, OrtModelForSeq2SeqLM, default_session_options
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SECTIONS = ("decoder", "seq2seq", "int8", "gpu")
 BARS = {"decoder": 2.5, "seq2seq": 2.5, "int8": 5.0}
 
@@ -172,19 +175,25 @@ def demo_model(args: argparse.Namespace) -> Path:
             f"No trained model in {args.demo_model}: run `python examples/demo.py` first (about a minute), or pass "
             f"--train-demo to train it here, or --demo-model <folder>."
         )
-    command = [sys.executable, str(Path(__file__).parent / "demo.py"), "--output", str(args.demo_model)]
+    command = [sys.executable, str(EXAMPLES / "demo.py"), "--output", str(args.demo_model)]
     print(f"  training the demo model: {' '.join(command)}", flush=True)
     subprocess.run(command, check=True)
     return args.demo_model
 
 
+def demo_script() -> ModuleType:
+    """examples/demo.py as a module (the examples are scripts, not a package), for its split and encoding."""
+    spec = importlib.util.spec_from_file_location("demo", EXAMPLES / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    sys.modules["demo"] = demo  # its dataclasses look their module up by name
+    spec.loader.exec_module(demo)
+    return demo
+
+
 def heldout_windows(tokenizer, block_size: int, limit: int | None) -> torch.Tensor:
     """The demo's held-out token stream (the stories neither its tokenizer nor its model saw), in consecutive
     windows of `block_size` tokens, as the demo evaluates it."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-    from demo import load_data  # examples/demo.py: the same split and encoding
-
-    retrained, _, heldout = load_data(len(tokenizer))
+    retrained, _, heldout = demo_script().load_data(len(tokenizer))
     if retrained.get_vocab() != tokenizer.get_vocab():
         raise SystemExit("The demo model's tokenizer differs from the one examples/demo.py trains; retrain the demo.")
     windows = heldout[: len(heldout) // block_size * block_size].view(-1, block_size)
@@ -362,9 +371,8 @@ def main() -> None:
         tables.append(BENCHES[name](models, args))
     report = "\n\n".join(tables)
     print("\n" + report)
-    if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from results import publish_report
+    if args.json:  # the page: rendered from the JSON (benchmarks/results/)
+        from benchmarks.results.pages import publish_report
 
         publish_report(report, args.json, args.markdown, {"sections": sections, "tables": tables[1:]}, args.threads)
     elif args.markdown:

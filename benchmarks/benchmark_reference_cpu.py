@@ -1,7 +1,7 @@
 """Decode speed of exports of the reference models (`reference_shapes.py`) on this machine's CPU against the bound
 memory bandwidth sets: `vaswani bench` of each build, in a process of its own, the builds alternating in each round.
 
-    python benchmarks/benchmark_reference_cpu.py --build 1b-fp32=/tmp/big/onnx-fp32 --build 1b-int8=/tmp/big/onnx-int8 \\
+    python -m benchmarks.benchmark_reference_cpu --build 1b-fp32=/tmp/big/onnx-fp32 --build 1b-int8=/tmp/big/onnx-int8 \\
         --new-tokens 32 --json docs/results/benchmark_1b_cpu.json --markdown docs/results/benchmark_1b_cpu.md
 
 `vaswani bench` measures one step's weight bytes (the graph's initializers) and the machine's read bandwidth (a sum
@@ -16,7 +16,7 @@ median with the range over rounds, computed from every round's `vaswani bench` r
 each in a process of its own: validation is skipped to save its minutes (it accepts these builds since it judges
 each quantized matrix on its own, see docs/deployment.md); the graphs are the ones a validated export writes.
 
-    python benchmarks/benchmark_reference_cpu.py --export smol-360m=/tmp/big/smol-360m --work /tmp/big/builds \
+    python -m benchmarks.benchmark_reference_cpu --export smol-360m=/tmp/big/smol-360m --work /tmp/big/builds \
         --json docs/results/benchmark_1b_cpu.json --markdown docs/results/benchmark_1b_cpu.md
 """
 
@@ -25,10 +25,9 @@ import json
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from benchmark_gpu import run  # noqa: E402
-from results import command_line, machine, write  # noqa: E402
+from benchmarks.benchmark_gpu import run
+from benchmarks.provenance import command_line, machine
+from benchmarks.results.pages import write
 
 PRECISIONS = {"fp32": {}, "int8": {"quantize": "int8"}, "int4": {"quantize": "int4"}}
 

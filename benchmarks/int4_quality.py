@@ -6,7 +6,7 @@ methods, each calibrated on the package's corpus, never on `--text`), then measu
 alternating rounds, reported as a ratio to round to nearest (the machine may be shared: ratios measured side by side
 hold where absolute figures do not).
 
-    python benchmarks/int4_quality.py --model /tmp/smol/vaswani --text docs/results/real_model_text.txt \\
+    python -m benchmarks.int4_quality --model /tmp/smol/vaswani --text docs/results/real_model_text.txt \\
         --work /tmp/int4-quality --output docs/results/int4_quality.md
 """
 
@@ -21,15 +21,14 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_model import DEFAULT_PROMPT, folder_megabytes, prompt_ids  # noqa: E402
-
-import vaswani  # noqa: E402, F401
-from vaswani.evaluation.perplexity import model_perplexity, text_ids  # noqa: E402
-from vaswani.export import export_onnx  # noqa: E402
-from vaswani.export.postprocess import DEFAULT_INT4_METHOD, INT4_METHODS  # noqa: E402
-from vaswani.quantization.int4 import CALIBRATION_TOKENS  # noqa: E402
-from vaswani.runtime import OrtModelForCausalLM  # noqa: E402
+import vaswani  # noqa: F401
+from benchmarks.real_model import DEFAULT_PROMPT, folder_megabytes, prompt_ids
+from vaswani.evaluation.perplexity import model_perplexity, text_ids
+from vaswani.export import export_onnx
+from vaswani.quantization import Quantization
+from vaswani.quantization.scheme import DEFAULT_INT4_METHOD, INT4_METHODS
+from vaswani.quantization.int4 import CALIBRATION_TOKENS
+from vaswani.runtime import OrtModelForCausalLM
 
 
 def decode_speed(folder: Path, prompt: str, new_tokens: int, threads: int) -> float:
@@ -45,7 +44,7 @@ def decode_speed(folder: Path, prompt: str, new_tokens: int, threads: int) -> fl
 
 
 def timed_in_process(folder: Path, args: argparse.Namespace) -> float:
-    command = [sys.executable, __file__, "--decode", str(folder), "--new-tokens", str(args.new_tokens)]
+    command = [sys.executable, "-m", __spec__.name, "--decode", str(folder), "--new-tokens", str(args.new_tokens)]
     command += ["--threads", str(args.threads), "--prompt", args.prompt]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return float(result.stdout.strip().splitlines()[-1])
@@ -67,7 +66,7 @@ def run(args: argparse.Namespace) -> dict:
         quantize = {}
         if system:
             method, _, wide = system.partition("/")
-            quantize = dict(quantize="int4", int4_method=method, int4_mlp_out_bits=8 if wide else None)
+            quantize = dict(quantize=Quantization.of("int4", method=method, narrowing_bits=8 if wide else None))
         export_onnx(args.model, folder, "text-generation", overwrite=True, progress=say, **quantize)
         seconds = time.perf_counter() - start
         say(f"Measuring {name}")
@@ -116,9 +115,8 @@ def time_decoding(report: dict, args: argparse.Namespace) -> dict:
     (Path(args.work) / "int4_quality.json").write_text(json.dumps(report, indent=2))
     Path(args.output).write_text(markdown(report))
     print(markdown(report))
-    if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from results import publish_report
+    if args.json:  # the page: rendered from the JSON (benchmarks/results/)
+        from benchmarks.results.pages import publish_report
 
         publish_report(markdown(report), args.json, Path(args.output), report, args.threads)
     return report

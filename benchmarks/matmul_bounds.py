@@ -8,10 +8,10 @@ vaswani folder (SmolLM2-135M-Instruct trained; `benchmarks/reference_shapes.py` 
 The graphs are quantized as `export_onnx` quantizes them at default options, less the int4 8-bit budget (which only
 chooses which matrices get 8 bits, and needs calibration text): each matrix is judged by its own bits.
 
-    python benchmarks/matmul_bounds.py --model smollm2-135m=/tmp/smollm2-135m --json docs/results/matmul_validation.json \
+    python -m benchmarks.matmul_bounds --model smollm2-135m=/tmp/smollm2-135m --json docs/results/matmul_validation.json \
         --markdown docs/results/matmul_validation.md
 
-writes the raw errors (JSON) and the page rendered from them (benchmarks/results.py, table maker `matmul_bounds`).
+writes the raw errors (JSON) and the page rendered from them (benchmarks/results/, table maker `matmul_bounds`).
 """
 
 import argparse
@@ -22,11 +22,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
-from quantized_validation_bounds import random_models
-from results import command_line, machine, write
 
+from benchmarks.provenance import command_line, machine
+from benchmarks.quantized_validation_bounds import random_models
+from benchmarks.results.pages import write
 from vaswani.export import OnnxValidationError, export_onnx
-from vaswani.export.postprocess import quantization_format, quantize_graph
+from vaswani.quantization import Quantization
+from vaswani.quantization.matmul_nbits import quantize_graph
 from vaswani.quantization.matmul_check import quantized_matmul_errors, record_graphs
 from vaswani.runtime.contract import save_graph
 
@@ -67,7 +69,7 @@ def measure(name: str, source, work: Path) -> dict:
         honest, broken = [], []
         for graph, recorded in recordings.items():
             file = f"{graph}_model.onnx" if graph != "model" else "model.onnx"
-            quantize_graph(quantized / file, quantization_format(quantize, **({"eight_bit_budget": 0.0} if quantize == "int4" else {})))
+            quantize_graph(quantized / file, Quantization.of(quantize, **({"eight_bit_budget": 0.0} if quantize == "int4" else {})))
             honest += rows_of(quantized_matmul_errors(quantized / file, recorded, graph))
             for position in ("first", "middle", "last"):
                 for how, factor in CORRUPTIONS.items():

@@ -12,7 +12,7 @@ rotated order for `--rounds` rounds (figures: medians over rounds; ratios: media
 - ONNX Runtime, GQA form (with `--gqa-build NAME=FOLDER`): the same export in the GroupQueryAttention form that
   `--quantize` writes by default, which only ONNX Runtime runs: the decode speed the route gives up.
 
-    python benchmarks/openvino_route.py --build fp32=/tmp/smol/onnx-fp32 \\
+    python -m benchmarks.openvino_route --build fp32=/tmp/smol/onnx-fp32 \\
         --build int8=/tmp/smol/onnx-int8-attention-portable --build int4=/tmp/smol/onnx-int4-attention-portable \\
         --gqa-build int8=/tmp/smol/onnx-int8 --gqa-build int4=/tmp/smol/onnx-int4 --rounds 3 \\
         --perplexity-text docs/results/real_model_text.txt \\
@@ -31,8 +31,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import TABLE_MAKERS, command_line, machine, write  # noqa: E402
+from benchmarks.provenance import command_line, machine
+from benchmarks.results.pages import TABLE_MAKERS, write
 
 SYSTEMS = {
     "ONNX Runtime": {"engine": "onnxruntime"},
@@ -93,7 +93,7 @@ def resident_bytes() -> dict[str, int]:
 
 
 def run_system(build: str, system: str, args: argparse.Namespace, first_round: bool) -> dict:
-    command = [sys.executable, __file__, "--worker", build, "--system", system, "--threads", str(args.threads)]
+    command = [sys.executable, "-m", __spec__.name, "--worker", build, "--system", system, "--threads", str(args.threads)]
     command += ["--prefill-tokens", str(args.prefill_tokens), "--new-tokens", str(args.new_tokens)]
     command += ["--decode-prompt-tokens", str(args.decode_prompt_tokens)]
     if args.perplexity_text and first_round:

@@ -1,12 +1,12 @@
 """Where a decode step's time goes: vaswani's ONNX exports against onnxruntime-genai's builds, from ONNX Runtime's
 own profiler, each export in a process of its own, in alternating rounds.
 
-    python benchmarks/profile_decode.py vaswani=outputs/engines-benchmark/vaswani-onnx-int4 \\
+    python -m benchmarks.profile_decode vaswani=outputs/engines-benchmark/vaswani-onnx-int4 \\
         ortgenai=outputs/engines-benchmark/ortgenai-int4 --rounds 3 --json docs/results/decode_profile_cpu.json \\
         --markdown docs/results/decode_profile_cpu.md
 
 A NAME=FOLDER whose folder holds genai_config.json is run by onnxruntime-genai (`og.Generator`, in the venv that
-benchmarks/benchmark_engines/setup.sh makes, `--engines`), any other by vaswani's `OrtModelForCausalLM.generate`.
+benchmarks/engines/setup.sh makes, `--engines`), any other by vaswani's `OrtModelForCausalLM.generate`.
 Both generate `--new-tokens` greedy tokens after the same random `--prompt`-token prompt, at batch 1, with ONNX
 Runtime's profiler on. Every run of the graph after the prompt's is a decode step; the first `--skip` steps are left
 out, and each figure is the median over the other steps, then over rounds:
@@ -20,7 +20,7 @@ out, and each figure is the median over the other steps, then over rounds:
 
 `--prompt-step` profiles the prompt's run instead, the time to first token (its loop is 0), one per round:
 
-    python benchmarks/profile_decode.py int8=outputs/engines-benchmark/vaswani-onnx-int8 \
+    python -m benchmarks.profile_decode int8=outputs/engines-benchmark/vaswani-onnx-int8 \
         int4=outputs/engines-benchmark/vaswani-onnx-int4 --prompt 512 --new-tokens 2 --prompt-step
 """
 
@@ -33,9 +33,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import PROFILE_PARTS as PARTS  # noqa: E402
-from results import command_line, machine, render, write  # noqa: E402
+from benchmarks.provenance import command_line, machine
+from benchmarks.results.engines import PROFILE_PARTS as PARTS
+from benchmarks.results.pages import render, write
 
 WEIGHT_PRODUCTS = ("MatMulNBits", "MatMul", "Gemm")
 ATTENTION = ("GroupQueryAttention", "Attention", "MultiHeadAttention", "RotaryEmbedding")
@@ -139,7 +139,8 @@ def run_worker(name: str, folder: Path, args: argparse.Namespace) -> dict[str, f
     genai = (folder / "genai_config.json").is_file()
     python = args.engines / "ortgenai" / "bin" / "python" if genai else Path(sys.executable)
     with tempfile.TemporaryDirectory() as scratch:
-        command = [str(python), __file__, "--worker", "ortgenai" if genai else "vaswani", str(folder), scratch]
+        worker = ["--worker", "ortgenai" if genai else "vaswani", str(folder), scratch]
+        command = [str(python), "-m", __spec__.name, *worker]
         command += ["--prompt", str(args.prompt), "--new-tokens", str(args.new_tokens), "--threads", str(args.threads)]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:

@@ -3,8 +3,8 @@ SmolLM2-135M's weight shapes with 4-bit weights with or without zero points (our
 symmetric) and with 8-bit symmetric weights, at int8 compute (accuracy level 4, the exports' default) or float32
 compute (level 1). Random weights: the kernels' speed does not depend on the values.
 
-    python benchmarks/profile_matmul_nbits.py                   # batch 1, 2 threads, the SmolLM2 shapes
-    python benchmarks/profile_matmul_nbits.py --rows 8 --accuracy-levels 4
+    python -m benchmarks.profile_matmul_nbits                   # batch 1, 2 threads, the SmolLM2 shapes
+    python -m benchmarks.profile_matmul_nbits --rows 8 --accuracy-levels 4
 
 The weights of one node are a few MB and mostly stay in the CPU's caches, so these are kernel (compute) times; in a
 whole decode step the weights stream from memory. Each layout runs in a session of its own, one session alive at a

@@ -1,8 +1,8 @@
 """Where an exported decoder's generation time goes, per ONNX operator type, from ONNX Runtime's own profiler.
 
-    python benchmarks/profile_onnx.py exported-folder                 # 64 greedy tokens after a 42-token prompt
-    python benchmarks/profile_onnx.py exported-folder --new-tokens 16 --threads 2 --top 15
-    python benchmarks/profile_onnx.py seq2seq-folder --prompt 32      # an encoder-decoder: its decoder graph's steps
+    python -m benchmarks.profile_onnx exported-folder                 # 64 greedy tokens after a 42-token prompt
+    python -m benchmarks.profile_onnx exported-folder --new-tokens 16 --threads 2 --top 15
+    python -m benchmarks.profile_onnx seq2seq-folder --prompt 32      # an encoder-decoder: its decoder graph's steps
 
 Prints, for the decode steps only (the prompt's prefill, or an encoder-decoder's first decoder step, is
 the first run and is left out), each operator type's

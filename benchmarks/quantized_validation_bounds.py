@@ -7,13 +7,14 @@ learned positions, T5-style relative positions; 2 layers, where rounding error i
 and, with `--model`, a trained checkpoint at default options (SmolLM2-135M-Instruct, see README "A real checkpoint").
 Each export is validated with bounds wide open, so every metric is recorded whatever it is.
 
-    python benchmarks/quantized_validation_bounds.py --model /tmp/smol/vaswani --output docs/results/quantized_validation
+    python -m benchmarks.quantized_validation_bounds --model /tmp/smol/vaswani --output docs/results/quantized_validation
 
 writes OUTPUT.json (every measurement, under `raw`, and the table) and OUTPUT.md (rendered from the JSON by
-benchmarks/results.py). `--from-json OUTPUT.json` makes the table again from the measurements in that file.
+benchmarks/results/). `--from-json OUTPUT.json` makes the table again from the measurements in that file.
 """
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -25,8 +26,9 @@ import numpy as np
 import onnx
 import torch
 from onnx import numpy_helper
-from results import machine, write  # benchmarks/results.py
 
+from benchmarks.provenance import machine
+from benchmarks.results.pages import write
 from vaswani import (
     VaswaniDecoderConfig,
     VaswaniForCausalLM,
@@ -34,7 +36,8 @@ from vaswani import (
     VaswaniSeq2SeqConfig,
 )
 from vaswani.export import export_onnx
-from vaswani.export.validation import QUANTIZED_BOUNDS, QuantizedBounds, validate_onnx_export
+from vaswani.export.validation import validate_onnx_export
+from vaswani.quantization import SCHEMES, QuantizedBounds, scheme_named
 
 OPEN = QuantizedBounds(relative_rms=float("inf"), cosine=-1.0, top1=0.0)
 SMALL = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
@@ -79,12 +82,12 @@ def corrupt(folder: Path, how: str) -> None:
 
 
 def measure(folder: Path, model: torch.nn.Module, quantization: str) -> list[dict]:
-    saved = QUANTIZED_BOUNDS[quantization]
-    QUANTIZED_BOUNDS[quantization] = {"logits": OPEN, "states": OPEN}
+    saved = scheme_named(quantization)
+    SCHEMES[saved.key] = dataclasses.replace(saved, logits_bounds=OPEN, states_bounds=OPEN)
     try:
         report = validate_onnx_export(folder, model, tolerance=float("inf"))
     finally:
-        QUANTIZED_BOUNDS[quantization] = saved
+        SCHEMES[saved.key] = saved
     return [
         {
             "output": f"{row.graph}/{row.output}",
@@ -128,7 +131,7 @@ def run(models: dict[str, Path | torch.nn.Module], work: Path) -> list[dict]:
 
 
 def results_page(measured: list[dict], command: str, described: dict | None) -> dict:
-    """The page's results: the measurements as `raw`, from which benchmarks/results.py computes the table."""
+    """The page's results: the measurements as `raw`, from which benchmarks/results/ computes the table."""
     return {
         "title": "Quantized validation: honest exports against corrupted ones",
         "command": command,
@@ -166,7 +169,7 @@ def main() -> None:
             models[args.model.name] = args.model
         with tempfile.TemporaryDirectory() as work:
             measured = run(models, Path(work))
-        command = "python benchmarks/quantized_validation_bounds.py " + " ".join(sys.argv[1:])
+        command = "python -m benchmarks.quantized_validation_bounds " + " ".join(sys.argv[1:])
         page = results_page(measured, command, machine(torch.get_num_threads(), shared=False))
     write(page, args.output.with_suffix(".json"), args.output.with_suffix(".md"))
 

@@ -6,7 +6,7 @@ or a vaswani model folder (then there is nothing to convert).
 Each step is timed; each ONNX format is exported with default options (validation included) and judged by
 perplexity on `--text`, its agreement with PyTorch's greedy tokens, its size and its decode speed.
 
-    python benchmarks/real_model.py --model ~/models/SmolLM2-135M-Instruct --text notes.txt --output outputs/real
+    python -m benchmarks.real_model --model ~/models/SmolLM2-135M-Instruct --text notes.txt --output outputs/real
 
 Perplexity is `vaswani perplexity`'s (vaswani.evaluation.perplexity), on consecutive windows of `--window` tokens: the model's own
 objective, next-token for decoders, masked tokens (15% of positions, the same ones for every format) for BERT-style

@@ -1,8 +1,8 @@
 """Reference models for benchmarks: transformers `LlamaForCausalLM` folders in the shapes of published checkpoints,
 with seeded random weights at a trained model's scales.
 
-    python benchmarks/reference_shapes.py --shape llama-3.2-1b --output /tmp/big/llama-1b
-    python benchmarks/reference_shapes.py --shape smollm2-360m --output /tmp/big/smol-360m --dtype float16
+    python -m benchmarks.reference_shapes --shape llama-3.2-1b --output /tmp/big/llama-1b
+    python -m benchmarks.reference_shapes --shape smollm2-360m --output /tmp/big/smol-360m --dtype float16
 
 Shapes (`shapes/NAME.json`: the published config.json, nothing else of the checkpoint):
 - `smollm2-135m`: hidden 576, 30 layers, 9 heads / 3 KV heads, FFN 1536, vocabulary 49,152, tied embeddings;

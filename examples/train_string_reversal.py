@@ -11,7 +11,7 @@ longer than any training string.
 Writes to `--output-dir` (default `outputs/string_reversal`): the trained model (`model/`, safetensors),
 `loss_curve.png`, `cross_attention.png` (every layer and head of the decoder's attention over the input),
 `results.json` and `results.md`. Everything is seeded: two runs give the same numbers. `--json FILE` also writes
-the results with the machine they ran on to FILE and renders FILE's page beside it (benchmarks/results.py):
+the results with the machine they ran on to FILE and renders FILE's page beside it (benchmarks/results/):
 
     python examples/train_string_reversal.py --threads 1 --json docs/results/string_reversal.json
 """
@@ -226,17 +226,18 @@ TEXTBOOK = {"3": 100, "5": 100, "7": 100, "10": 100, "15": 8}
 
 
 def length_rows(results: dict) -> list[list[str]]:
-    """The table's cells per evaluated length, beside the textbook's figure (results.string_reversal_tables)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from results import TABLE_MAKERS  # benchmarks/results.py
+    """The table's cells per evaluated length, beside the textbook's figure (benchmarks/results/quality.py's string_reversal_tables)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a script run as a file: the benchmarks package
+    from benchmarks.results.pages import TABLE_MAKERS
 
     return TABLE_MAKERS["string_reversal"]({"textbook": TEXTBOOK, **results}, {})[0]["rows"]
 
 
 def publish(results: dict, json_path: Path) -> None:
     """The results page (docs/results/NAME.md) rendered from the JSON written beside it, with the machine."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from results import machine, write  # benchmarks/results.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a script run as a file: the benchmarks package
+    from benchmarks.provenance import machine
+    from benchmarks.results.pages import write
 
     args = results["args"]
     page = {
@@ -256,7 +257,7 @@ def publish(results: dict, json_path: Path) -> None:
             f"{args['learning_rate']}, cosine decay, batch {args['batch_size']}, seed {args['seed']}; "
             f"{results['train_strings']:,} fresh training strings, each seen once.",
         ],
-        # The page's table is computed from these results when it is rendered (results.string_reversal_tables).
+        # The page's table is computed from these results when it is rendered (benchmarks/results/quality.py's string_reversal_tables).
         "tables_from": "string_reversal",
         "raw": {"textbook": TEXTBOOK, **results},
     }

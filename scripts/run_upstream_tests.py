@@ -141,9 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text)
     print(text)
-    if args.json:  # the page: rendered from the JSON (benchmarks/results.py)
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-        from results import publish_report
+    if args.json:  # the page: rendered from the JSON (benchmarks/results/)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a script run as a file: the benchmarks package
+        from benchmarks.results.pages import publish_report
 
         raw = {"counts": counts, "skip_reasons": dict(skip_reasons), "failures": failures}
         publish_report(text, args.json, args.output, raw, None)

@@ -15,6 +15,7 @@ import contextlib
 import csv
 import io
 import json
+import os
 import re
 import shlex
 import ssl
@@ -209,6 +210,7 @@ def parse_only(words: list[str], fragment: bool) -> str | None:
             main(words[1:])
         elif words[1] == "-m":
             sys.argv = [words[2], *words[3:]]
+            sys.path.insert(0, os.getcwd())  # as `python -m MODULE` does
             runpy.run_module(words[2], run_name="__main__", alter_sys=True)
         else:
             sys.argv = words[1:]

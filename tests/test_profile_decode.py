@@ -3,7 +3,6 @@
 per run and the loop between runs, with the weight products' read rate from the graph's weight bytes."""
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,11 +11,10 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from benchmarks.profile_decode import summarize  # noqa: E402
 from vaswani.runtime.contract import save_graph  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from profile_decode import summarize  # noqa: E402
 
 
 def run(start: float, duration: float) -> dict:

@@ -5,16 +5,15 @@ the written safetensors."""
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from benchmarks import reference_shapes
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import reference_shapes  # noqa: E402
 
 TRAINED = json.loads((ROOT / "benchmarks" / "shapes" / "smollm2-135m.json").read_text())
 

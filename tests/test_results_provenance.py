@@ -1,6 +1,6 @@
 """Every published results page says which command made it, and its tables come from raw results kept beside it:
 each docs/results/*.md names a script of this repository that exists, every JSON file it names exists and parses,
-and a page with a table has its JSON beside it (NAME.json), from which benchmarks/results.py renders the page's
+and a page with a table has its JSON beside it (NAME.json), from which benchmarks.results renders the page's
 rendered part exactly (title, command, machine, tables); below that part no table is written by hand. The tables'
 figures are computed from the JSON's raw values (per-round seconds, tokens/s, bytes) when the page is rendered, not
 kept as formatted text, except on the pages listed in TEXT_TABLE_PAGES, which say so. Every number the README quotes
@@ -11,15 +11,15 @@ import importlib.util
 import json
 import re
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks.results.cells import spread
+from benchmarks.results.pages import RENDERED_END, TABLE_MAKERS, TEXT_END, render, rendered_part
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs" / "results").glob("*.md"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from results import RENDERED_END, TABLE_MAKERS, TEXT_END, render, rendered_part, spread  # noqa: E402
 
 TABLE_ROW = re.compile(r"^\|.*\|[ \t]*$", flags=re.M)
 # Pages whose raw results are the CSV files their study writes (one row per seed, model and length), beside the page:
@@ -28,7 +28,7 @@ CSV_SOURCED = {"extrapolation.md": "examples/extrapolation_study.py"}
 # Pages whose JSON keeps its tables as the run's formatted text, because their script still writes formatted cells
 # (results.table / from_markdown): each page says so where it names its command and ends with results.TEXT_END. None
 # is quoted by the README (see test_the_pages_the_readme_quotes_compute_their_tables). Convert a page by giving its
-# script a table maker in benchmarks/results.py and writing `tables_from` and raw values instead of `tables`.
+# script a table maker in benchmarks/results/ and writing `tables_from` and raw values instead of `tables`.
 TEXT_TABLE_PAGES = {
 }
 # README-quoted pages whose scripts another change is converting; each leaves this list when its page computes its
@@ -42,8 +42,10 @@ PENDING_CONVERSION = {
 def test_a_results_page_names_an_existing_script_and_json_that_parses(page: Path) -> None:
     text = page.read_text()
     scripts = set(re.findall(r"(?:scripts|benchmarks|examples)/[\w/]+\.(?:py|sh)", text))
-    assert scripts, f"{page.name} names no script that produced it"
+    modules = set(re.findall(r"python -m (benchmarks(?:\.\w+)+)", text))
+    assert scripts or modules, f"{page.name} names no script that produced it"
     missing = [script for script in scripts if not (ROOT / script).is_file()]
+    missing += [module for module in modules if importlib.util.find_spec(module) is None]
     assert not missing, f"{page.name} names scripts that do not exist: {missing}"
     absent = missing_results_files(page)
     assert not absent, f"{page.name} names results files that do not exist: {absent}"
@@ -106,13 +108,13 @@ def test_a_results_pages_tables_are_rendered_from_the_json_beside_it(page: Path)
     results_file = page.with_suffix(".json")
     assert results_file.is_file(), (
         f"{page.name} has a table but no {results_file.name} beside it: run the script the page names with "
-        f"--json docs/results/{results_file.name} (benchmarks/results.py renders the page from it)"
+        f"--json docs/results/{results_file.name} (benchmarks.results renders the page from it)"
     )
     results = json.loads(results_file.read_text())
     rendered = rendered_part(text)
     assert rendered, f"{page.name} has a table outside a part rendered from {results_file.name} (no end marker)"
     assert rendered == render(results, results_file.name), (
-        f"{page.name} is not what {results_file.name} renders: python benchmarks/results.py "
+        f"{page.name} is not what {results_file.name} renders: python -m benchmarks.results "
         f"docs/results/{results_file.name} --output docs/results/{page.name}"
     )
     after = text[len(rendered) :]
@@ -136,7 +138,7 @@ def test_a_results_pages_tables_are_computed_from_raw_values(page: str) -> None:
         return
     assert "tables" not in results, (
         f"{RESULTS_FILES[page].name} keeps tables of formatted cells: its script must write raw values and "
-        f"`tables_from` (a table maker of benchmarks/results.py), or the page goes on TEXT_TABLE_PAGES"
+        f"`tables_from` (a table maker of benchmarks/results/), or the page goes on TEXT_TABLE_PAGES"
     )
     assert results.get("tables_from") in TABLE_MAKERS, f"{page}: no table maker computes its tables"
     assert RENDERED_END in text and TEXT_END not in text
@@ -377,7 +379,9 @@ def test_rendering_computes_every_figure_from_the_raw_values(tmp_path, monkeypat
     """The renderer's own check (so the comparison above cannot pass on an empty rendering): the figures its table
     maker computes from the raw rounds, the command, the CPU and the versions reach the page, which says its tables
     are computed from the raw results; a page's hand-written tail survives a new rendering."""
-    from results import machine, table, write
+    from benchmarks.provenance import machine
+    from benchmarks.results.cells import table
+    from benchmarks.results.pages import write
 
     def speed_tables(raw: dict, described: dict) -> list[dict]:
         rows = [[name, spread([tokens / seconds for seconds in rounds])] for name, (tokens, rounds) in raw.items()]
@@ -386,7 +390,7 @@ def test_rendering_computes_every_figure_from_the_raw_values(tmp_path, monkeypat
     monkeypatch.setitem(TABLE_MAKERS, "speed", speed_tables)
     results = {
         "title": "A check",
-        "command": "python benchmarks/check.py --quick",
+        "command": "python -m benchmarks.check --quick",
         "machine": machine(threads=2),
         "notes": ["A note."],
         "tables_from": "speed",
@@ -397,7 +401,7 @@ def test_rendering_computes_every_figure_from_the_raw_values(tmp_path, monkeypat
     for text in (
         "| a | 12.5 (10.0-25.0) |",
         "| b | 7.2 |",
-        "`python benchmarks/check.py --quick`",
+        "`python -m benchmarks.check --quick`",
         "A note.",
         "[check.json](check.json), from which every table figure is computed",
     ):
@@ -412,11 +416,13 @@ def test_rendering_computes_every_figure_from_the_raw_values(tmp_path, monkeypat
 def test_a_page_whose_json_keeps_formatted_tables_says_so(tmp_path):
     """Tables handed over as formatted cells are the run's text: the page says they are not computed from raw
     values, ends with TEXT_END, and never claims to be rendered from raw results."""
-    from results import machine, table, write
+    from benchmarks.provenance import machine
+    from benchmarks.results.cells import table
+    from benchmarks.results.pages import write
 
     results = {
         "title": "Old",
-        "command": "python benchmarks/old.py",
+        "command": "python -m benchmarks.old",
         "machine": machine(threads=1),
         "tables": [table("speed", ["system", "tok/s"], [["a", "12.5"]])],
         "raw": {},
@@ -459,7 +465,7 @@ def test_every_relative_link_resolves(document: Path) -> None:
 def test_a_scripts_markdown_report_becomes_results_that_render_it_again(tmp_path):
     """`publish_report` (the scripts' --json): the report's tables, with the heading above each and the paragraphs
     between them, land in the JSON and come back in the page in the same order, cell for cell."""
-    from results import publish_report
+    from benchmarks.results.pages import publish_report
 
     report = "\n".join(
         [
@@ -632,9 +638,7 @@ def test_the_scripts_hand_their_raw_rounds_to_the_table_makers(tmp_path) -> None
     profiler's results; each renders through its maker into a page that says its figures are computed."""
     import argparse
 
-    import benchmark_engines
-    import export_memory
-    import openvino_route
+    from benchmarks import benchmark_engines, export_memory, openvino_route
 
     engines = results_of("benchmark_engines_cpu.json")["raw"]
     args = argparse.Namespace(**engines["settings"])

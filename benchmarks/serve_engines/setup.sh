@@ -27,7 +27,7 @@ timed() { local start=$SECONDS; "$@"; local rc=$?; echo "[$1] $((SECONDS - start
 # llama.cpp from the llama-cpp-python sdist, which is kept: its vendor/llama.cpp has the GGUF converter
 # (convert_hf_to_gguf.py and gguf-py) of the exact revision the library is built from. The x86 extensions are named
 # one by one rather than -DGGML_NATIVE=ON (a native build enabled AMX on a virtual machine whose kernel does not grant
-# it, and crashed; see benchmarks/benchmark_engines/setup.sh): AVX-512 where this CPU has it, else AVX2; AMX off.
+# it, and crashed; see benchmarks/engines/setup.sh): AVX-512 where this CPU has it, else AVX2; AMX off.
 llamacpp() {
   local venv="$VENVS_DIR/llamacpp" src="$VENVS_DIR/llamacpp-src"
   if [ -f "$venv/.ready" ]; then echo "[llamacpp] ready"; return 0; fi
@@ -79,7 +79,7 @@ llamaserver() {
 }
 
 # OpenVINO GenAI (LLMPipeline with continuous batching), and optimum-intel + NNCF to export the model to OpenVINO IR,
-# as benchmarks/benchmark_engines/openvino_tools.py does. torch at the project's release first (a local CPU wheel where
+# as benchmarks/engines/openvino_tools.py does. torch at the project's release first (a local CPU wheel where
 # pip finds one); PyPI's torchvision, built for another torch, is removed (nothing here uses images).
 openvino() {
   local venv="$VENVS_DIR/openvino" torch="torch==${OPENVINO_TORCH:-2.13.0}"

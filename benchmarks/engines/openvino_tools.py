@@ -1,5 +1,5 @@
 """OpenVINO models from a transformers decoder folder, and their perplexity; runs in the OpenVINO venv that
-benchmarks/benchmark_engines/setup.sh makes (benchmarks/benchmark_engines.py and benchmarks/engine_perplexity.py call it).
+benchmarks/engines/setup.sh makes (benchmarks/benchmark_engines.py and benchmarks/engine_perplexity.py call it).
 
     python openvino_tools.py export SOURCE OUTPUT {fp32,int8,int4}
     python openvino_tools.py perplexity FOLDER < windows.json    # {"windows": [{"ids": [...], "scored_from": 1}], "threads": 2, "options": {}}

@@ -199,7 +199,7 @@ def load_llamacpp(request):
 
 
 def load_openvino(request):
-    """OpenVINO GenAI's LLMPipeline on an optimum-intel export (benchmarks/benchmark_engines/openvino_tools.py).
+    """OpenVINO GenAI's LLMPipeline on an optimum-intel export (benchmarks/engines/openvino_tools.py).
 
     `options` (from the driver's SYSTEM_SETTINGS) are CPU plugin properties, e.g. INFERENCE_PRECISION_HINT="f32";
     without it the plugin picks its own compute precision (bf16 where the CPU has AVX512_BF16 or AMX), which the

@@ -2,7 +2,7 @@
 # One virtual environment per engine that benchmarks/benchmark_engines.py compares vaswani against, so that none of
 # them comes from (or disturbs) vaswani's own dependencies.
 #
-#     bash benchmarks/benchmark_engines/setup.sh [CACHE_DIR]      # default: $HOME/.cache/vaswani-bench-engines
+#     bash benchmarks/engines/setup.sh [CACHE_DIR]      # default: $HOME/.cache/vaswani-bench-engines
 #
 # Creates CACHE_DIR/{ortgenai,ctranslate2,llamacpp,openvino}/ (each a venv) and CACHE_DIR/llamacpp-src (llama.cpp's
 # GGUF converter). Each step prints how long it took. The converters of onnxruntime-genai and

@@ -1,5 +1,5 @@
 """GGUF files for llama.cpp from a transformers folder, and their perplexity; runs in the llama.cpp venv that
-benchmarks/benchmark_engines/setup.sh makes (benchmarks/benchmark_engines.py and benchmarks/engine_perplexity.py call it).
+benchmarks/engines/setup.sh makes (benchmarks/benchmark_engines.py and benchmarks/engine_perplexity.py call it).
 
     python gguf_tools.py convert SOURCE_FOLDER OUT.gguf          # float32 GGUF: llama.cpp's convert_hf_to_gguf.py
     python gguf_tools.py quantize IN.gguf OUT.gguf Q4_K_M         # llama.cpp's quantizer (llama_model_quantize)
@@ -29,7 +29,7 @@ CONVERTER = Path(sys.prefix).parent / "llamacpp-src" / "llama.cpp" / "convert_hf
 
 def convert(source: str, output: str) -> None:
     if not CONVERTER.is_file():
-        sys.exit(f"no {CONVERTER}: run benchmarks/benchmark_engines/setup.sh, which keeps llama.cpp's converter there")
+        sys.exit(f"no {CONVERTER}: run benchmarks/engines/setup.sh, which keeps llama.cpp's converter there")
     command = [sys.executable, str(CONVERTER), source, "--outfile", output, "--outtype", "f32"]
     subprocess.run(command, check=True)
 

@@ -1,5 +1,5 @@
 """Perplexity of an onnxruntime-genai model folder (what its model builder writes); runs in the onnxruntime-genai
-venv that benchmarks/benchmark_engines/setup.sh makes (benchmarks/engine_perplexity.py calls it).
+venv that benchmarks/engines/setup.sh makes (benchmarks/engine_perplexity.py calls it).
 
     python ortgenai_tools.py perplexity FOLDER < windows.json    # {"windows": [{"ids": [...], "scored_from": 1}], "threads": 2}
 

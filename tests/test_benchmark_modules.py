@@ -1,0 +1,161 @@
+"""The benchmarks as a package (`python -m benchmarks.NAME` from the repository's root): every module imports, every
+name a benchmark file takes from vaswani exists where it looks for it (imports inside functions and the workers run in
+other engines' environments included), and the package keeps its shape: no `sys.path` edits, no file beside a folder
+of the same name, table makers that import none of the scripts whose figures they compute. Nothing is timed here."""
+
+import ast
+import importlib
+import os
+import pkgutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import benchmarks
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+MODULES = sorted(module.name for module in pkgutil.walk_packages(benchmarks.__path__, "benchmarks."))
+# Every Python file under benchmarks/, the workers of other engines' environments (engines/, vllm/, serve_engines/)
+# and one study's step scripts (gqa_decode_step/) included: they run as files, so only their imports are checked.
+FILES = sorted(BENCHMARKS.rglob("*.py"))
+
+
+def relative(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def test_the_package_lists_the_scripts_and_the_shared_modules():
+    """The walk below is not empty: it finds the scripts, the shared provenance and the results pages' modules."""
+    assert {"benchmarks.benchmark", "benchmarks.benchmark_engines", "benchmarks.provenance"} <= set(MODULES)
+    assert {"benchmarks.results.pages", "benchmarks.results.cells", "benchmarks.results.quality"} <= set(MODULES)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_benchmark_module_imports(name: str):
+    """A moved or renamed vaswani name fails here, not in a user's run; an import through a deprecated path (the old
+    `vaswani.conversion.onnx` shims warn with a FutureWarning) fails as well."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        importlib.import_module(name)
+
+
+def vaswani_imports(path: Path) -> list[tuple[int, str, str | None]]:
+    """(line, module, name) for each `from vaswani... import name` and `import vaswani...` anywhere in the file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "vaswani":
+            found += [(node.lineno, node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, None) for alias in node.names if alias.name.split(".")[0] == "vaswani"]
+    return sorted(found)
+
+
+def missing_vaswani_names(path: Path) -> list[str]:
+    missing = []
+    for line, module_name, name in vaswani_imports(path):
+        where = f"{relative(path)}:{line}"
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", FutureWarning)
+                module = importlib.import_module(module_name)
+                if name is not None and not hasattr(module, name):
+                    try:
+                        importlib.import_module(f"{module_name}.{name}")  # a submodule, not an attribute
+                    except ModuleNotFoundError:
+                        raise ImportError(f"{module_name} has no {name}") from None
+        except (ImportError, FutureWarning) as error:
+            missing.append(f"{where}: {module_name}{'.' + name if name else ''} ({error})")
+    return missing
+
+
+@pytest.mark.parametrize("path", FILES, ids=[relative(path) for path in FILES])
+def test_every_name_a_benchmark_takes_from_vaswani_exists(path: Path):
+    """Imports inside functions (a worker's, a child process's) run only when that path does: read them from the
+    source instead, so a moved API breaks CI rather than an hours-long run at its last step."""
+    missing = missing_vaswani_names(path)
+    assert not missing, "\n".join(missing)
+
+
+def test_the_name_check_finds_a_missing_name(tmp_path: Path):
+    """The check above can fail: a name vaswani does not have, a module it does not have, and a shim's old path."""
+    script = tmp_path / "script.py"
+    script.write_text(
+        "from vaswani.runtime import OrtModelForCausalLM\n"
+        "def run():\n    from vaswani.runtime import NoSuchModel\n"
+        "import vaswani.no_such_room\n"
+        "from vaswani.conversion.onnx import export_onnx\n"
+    )
+    missing = missing_vaswani_names(script)
+    assert [entry.split(":")[1] for entry in missing] == ["3", "4", "5"], missing
+
+
+def sys_path_edits(path: Path) -> list[int]:
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", None) == "sys"
+    ]
+
+
+def test_no_benchmark_edits_sys_path():
+    """The scripts import each other and the shared modules as `benchmarks.NAME`; the workers run as files in other
+    environments and import only their own folder, which Python puts first on the path by itself."""
+    edits = {relative(path): lines for path in FILES if (lines := sys_path_edits(path))}
+    assert not edits, f"sys.path edited in {edits}"
+
+
+def test_no_file_shares_its_name_with_a_folder_beside_it():
+    """`benchmarks/x.py` beside `benchmarks/x/` makes `import benchmarks.x` ambiguous to a reader (Python takes the
+    folder when it is a package, the file otherwise)."""
+    clashes = [
+        relative(folder) for folder in BENCHMARKS.rglob("*") if folder.is_dir() and folder.with_suffix(".py").exists()
+    ]
+    assert not clashes
+
+
+def imported_modules(path: Path) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            modules.add(node.module)
+        elif isinstance(node, ast.Import):
+            modules |= {alias.name for alias in node.names}
+    return modules
+
+
+SHARED = [BENCHMARKS / "provenance.py", *sorted((BENCHMARKS / "results").glob("*.py"))]
+
+
+@pytest.mark.parametrize("path", SHARED, ids=[relative(path) for path in SHARED])
+def test_the_shared_modules_import_the_standard_library_and_each_other_only(path: Path):
+    """The results pages render from their JSON alone: a table maker never imports the script that measured (the
+    old int4_domains <-> results circle), and the shared modules need nothing but the standard library, since the
+    scripts that import them also start as workers in other engines' environments (onnxruntime-genai's, for one)."""
+    shared = {"benchmarks.provenance", "benchmarks.results", *(f"benchmarks.results.{p.stem}" for p in SHARED)}
+    foreign = {
+        module
+        for module in imported_modules(path)
+        if module not in shared and module.split(".")[0] not in sys.stdlib_module_names
+    }
+    assert not foreign, f"{relative(path)} imports {foreign}"
+
+
+def test_a_benchmark_runs_as_a_module_from_the_repository_root():
+    """What the docs show, run as a user types it (no PYTHONPATH, the tests' path settings not inherited): the
+    results renderer prints a page's rendered part from its JSON, and `make benchmark`'s module parses --help."""
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    page = subprocess.run(
+        [sys.executable, "-m", "benchmarks.results", "docs/results/benchmark_cpu.json"],
+        cwd=ROOT, env=environment, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert (ROOT / "docs" / "results" / "benchmark_cpu.md").read_text().startswith(page)
+    assert "Made by `python -m benchmarks.benchmark " in page
+    usage = subprocess.run(
+        [sys.executable, "-m", "benchmarks.benchmark", "--help"],
+        cwd=ROOT, env=environment, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert usage.startswith("usage: python -m benchmarks.benchmark") or "usage:" in usage
