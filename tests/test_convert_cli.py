@@ -30,7 +30,7 @@ from transformers import (
 from vaswani import VaswaniDecoderConfig, VaswaniForCausalLM, VaswaniPreTrainedModel
 from vaswani.cli.main import main
 from vaswani.conversion.checkpoints import PARITY_TOLERANCE, ParityError, convert_checkpoint
-from vaswani.conversion.checkpoints import folders as checkpoint_folders
+from vaswani.conversion.checkpoints import convert as checkpoint_convert
 from vaswani.data.tokenization import corpus_tokenizer
 
 VOCAB = 300  # the tiny tokenizer's vocabulary
@@ -222,7 +222,7 @@ def test_cli_converts_both_ways_and_prints_the_parity_figures(gpt2_folder, tmp_p
 
 
 def test_cli_exits_1_when_the_converted_model_does_not_reproduce_the_source(gpt2_folder, tmp_path, monkeypatch, capsys):
-    convert = checkpoint_folders.from_transformers
+    convert = checkpoint_convert.from_transformers
 
     def convert_wrongly(model):
         converted = convert(model)
@@ -230,7 +230,7 @@ def test_cli_exits_1_when_the_converted_model_does_not_reproduce_the_source(gpt2
             converted.model.layers[0].mlp.up_proj.weight.mul_(1.5)
         return converted
 
-    monkeypatch.setattr(checkpoint_folders, "from_transformers", convert_wrongly)
+    monkeypatch.setattr(checkpoint_convert, "from_transformers", convert_wrongly)
     assert main(["convert", "--from", str(gpt2_folder), "--to", str(tmp_path / "out")]) == 1
     assert "does not reproduce" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -31,7 +31,7 @@ pytest.importorskip("onnxruntime")
 
 from vaswani.cli.main import main  # noqa: E402
 from vaswani.conversion.checkpoints import PARITY_TOLERANCE, ParityError, convert_checkpoint  # noqa: E402
-from vaswani.conversion.checkpoints import folders as checkpoint_folders  # noqa: E402
+from vaswani.conversion.checkpoints import convert as checkpoint_folders  # noqa: E402
 from vaswani.data.tokenization import train_tokenizer  # noqa: E402
 from vaswani.export import export_onnx  # noqa: E402
 from vaswani.runtime import (  # noqa: E402
