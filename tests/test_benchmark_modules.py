@@ -5,6 +5,7 @@ of the same name, table makers that import none of the scripts whose figures the
 
 import ast
 import importlib
+import inspect
 import os
 import pkgutil
 import subprocess
@@ -91,6 +92,51 @@ def test_the_name_check_finds_a_missing_name(tmp_path: Path):
     )
     missing = missing_vaswani_names(script)
     assert [entry.split(":")[1] for entry in missing] == ["3", "4", "5"], missing
+
+
+def unknown_keywords(path: Path) -> list[str]:
+    """Keyword arguments a benchmark file passes to a function it imports from vaswani (`export_onnx(...,
+    quantize=...)`) that the function's signature does not take (a function taking **kwargs accepts any; classes are
+    left out, transformers' configs taking keywords their signature does not show)."""
+    tree = ast.parse(path.read_text(), str(path))
+    imported = {
+        alias.asname or alias.name: (node.module, alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "vaswani"
+        for alias in node.names
+    }
+    unknown = []
+    for call in (node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+        if call.func.id not in imported:
+            continue
+        module_name, name = imported[call.func.id]
+        function = getattr(importlib.import_module(module_name), name, None)
+        if not inspect.isfunction(function):
+            continue  # a missing name fails the test above; a class (a transformers config) may take more than it says
+        parameters = inspect.signature(function).parameters
+        if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values()):
+            continue
+        for keyword in call.keywords:
+            if keyword.arg is not None and keyword.arg not in parameters:
+                unknown.append(f"{relative(path)}:{call.lineno}: {name}(..., {keyword.arg}=...)")
+    return sorted(unknown)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[relative(path) for path in FILES])
+def test_every_keyword_a_benchmark_passes_to_vaswani_is_taken(path: Path):
+    """A renamed or folded keyword (`export_onnx`'s quantization options) fails here rather than in a run."""
+    unknown = unknown_keywords(path)
+    assert not unknown, "\n".join(unknown)
+
+
+def test_the_keyword_check_finds_a_keyword_the_function_does_not_take(tmp_path: Path):
+    script = tmp_path / "script.py"
+    script.write_text(
+        "from vaswani.export import export_onnx\n"
+        "export_onnx('model', 'out', overwrite=True)\n"
+        "export_onnx('model', 'out', no_such_option=1)\n"
+    )
+    assert [entry.split(": ")[1] for entry in unknown_keywords(script)] == ["export_onnx(..., no_such_option=...)"]
 
 
 def sys_path_edits(path: Path) -> list[int]:
