@@ -29,22 +29,33 @@ from benchmarks.benchmark_gpu import run
 from benchmarks.provenance import command_line, machine
 from benchmarks.results.pages import write
 
-PRECISIONS = {"fp32": {}, "int8": {"quantize": "int8"}, "int4": {"quantize": "int4"}}
+PRECISIONS = ("fp32", "int8", "int4")
 
 
-def export_builds(name: str, model: Path, work: Path, precisions: list[str], int4_options: dict) -> dict[str, str]:
-    """`export_onnx(model, WORK/NAME-PRECISION, validate=False)` per precision, each in a fresh process (unless the
-    folder is there already); returns {build name: folder}."""
+def export_build(model: str, folder: str, precision: str, method: str | None, eight_bit_budget: float | None) -> None:
+    """One build, in this process: `export_onnx` without validation; an int4 build with `method` and
+    `eight_bit_budget` where given (None: export_onnx's defaults)."""
+    from vaswani.export import export_onnx
+
+    quantize = None if precision == "fp32" else precision
+    if precision != "int4":
+        method = eight_bit_budget = None
+    export_onnx(
+        model, folder, validate=False, overwrite=True, progress=print, quantize=quantize, int4_method=method,
+        int4_8bit_budget=eight_bit_budget,
+    )  # fmt: skip
+
+
+def export_builds(name: str, model: Path, work: Path, precisions: list[str], args: argparse.Namespace) -> dict:
+    """`export_build` per precision into WORK/NAME-PRECISION, each in a fresh process (unless the folder is there
+    already); returns {build name: folder}."""
     builds = {}
     for precision in precisions:
         folder = work / f"{name}-{precision}"
-        options = {**PRECISIONS[precision], **(int4_options if precision == "int4" else {})}
         if not (folder / "manifest.json").is_file():
-            code = (
-                "from vaswani.export import export_onnx; "
-                f"export_onnx({str(model)!r}, {str(folder)!r}, validate=False, overwrite=True, progress=print, **{options!r})"
-            )
-            run([sys.executable, "-c", code])
+            call = f"export_build({str(model)!r}, {str(folder)!r}, {precision!r}, {args.int4_method!r}, "
+            call += f"{args.int4_8bit_budget!r})"
+            run([sys.executable, "-c", f"from {__spec__.name} import export_build; {call}"])
         builds[f"{name}-{precision}"] = str(folder)
     return builds
 
@@ -102,11 +113,9 @@ def main() -> None:
         return
     args.work.mkdir(parents=True, exist_ok=True)
     builds = dict(build.split("=", 1) for build in args.build)
-    int4_options = {"int4_method": args.int4_method, "int4_8bit_budget": args.int4_8bit_budget}
-    int4_options = {key: value for key, value in int4_options.items() if value is not None}
     for export in args.export:
         name, model = export.split("=", 1)
-        builds.update(export_builds(name, Path(model), args.work, args.precisions, int4_options))
+        builds.update(export_builds(name, Path(model), args.work, args.precisions, args))
     report = {
         "settings": {
             "rounds": args.rounds,
