@@ -24,9 +24,10 @@ from serving_cases import QUESTIONS, free_port, tiny_chat_tokenizer, tiny_gqa_ch
 from transformers.utils import is_flash_attn_2_available
 
 from vaswani import VaswaniForCausalLM, VaswaniForConditionalGeneration
-from vaswani.modeling.layers import BIAS_FREE_POSITION_TYPES
+from vaswani.modeling.positions import bias_free_position_types
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+BIAS_FREE_POSITION_TYPES = bias_free_position_types()
 
 # head_dim 32: a size every fused kernel takes (flash and flex want multiples of 8 and 16).
 CUDA_SHAPE = dict(

@@ -37,7 +37,7 @@ from vaswani import (
 from vaswani.data.tokenization import corpus_tokenizer
 
 VOCAB_SIZE = 300
-CODE_FILES = ("configuration.py", "layers.py", "pretrained.py", "decoder.py")
+CODE_FILES = ("configuration.py", "layers.py", "positions.py", "pretrained.py", "decoder.py")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 

@@ -9,7 +9,12 @@ from conftest import tiny_decoder_config
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from vaswani.modeling.layers import AlibiPositionBias, RelativePositionBias, SinusoidalPositionEmbedding, alibi_slopes
+from vaswani.modeling.positions import (
+    AlibiPositionBias,
+    RelativePositionBias,
+    SinusoidalPositionEmbedding,
+    alibi_slopes,
+)
 
 # Powers of two and the counts between them, where the paper's code interleaves a second geometric sequence.
 HEAD_COUNTS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 32, 40, 64]

@@ -39,9 +39,11 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from vaswani import VaswaniForCausalLM, VaswaniForConditionalGeneration
 from vaswani.modeling import cache_of
-from vaswani.modeling.layers import BIAS_FREE_POSITION_TYPES, carries_position_bias, eager_attention_forward
+from vaswani.modeling.layers import carries_position_bias, eager_attention_forward
+from vaswani.modeling.positions import bias_free_position_types
 
 STEPS = 4
+BIAS_FREE_POSITION_TYPES = bias_free_position_types()
 # fp32 logits of a 2-layer model: a cached step and a full recomputation differ only by summation order.
 BIAS_TYPES = [kind for kind in POSITION_TYPES if kind not in BIAS_FREE_POSITION_TYPES]
 INSTALLED_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"

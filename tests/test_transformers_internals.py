@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers.generation import utils as generation_utils
 
 from vaswani import VaswaniForCausalLM, VaswaniForConditionalGeneration
-from vaswani.modeling.layers import AlibiPositionBias, SinusoidalPositionEmbedding, alibi_slopes
+from vaswani.modeling.positions import AlibiPositionBias, SinusoidalPositionEmbedding, alibi_slopes
 from vaswani.runtime.generation import OrtModelForGeneration
 
 FLOOR_CONSTRAINTS = Path(__file__).resolve().parents[1] / ".ci" / "floor-constraints.txt"

@@ -38,6 +38,7 @@ import torch
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 from transformers import PreTrainedModel
 
+from ..modeling.positions import registered_position_type
 from ..runtime.contract import FORM_GQA, FORM_PORTABLE
 
 MS_DOMAIN = "com.microsoft"
@@ -66,7 +67,8 @@ def gqa_form_refusal(model: PreTrainedModel, task: str, dtype: str, device: str)
         return f"task {task!r} (only decoders' text-generation has it)"
     if device != "cpu" or dtype != "fp32":
         return f"{dtype} on {device} (ONNX Runtime's CPU GroupQueryAttention kernel runs float32)"
-    if getattr(config, "position_embedding_type", None) != "rope":
+    positions = registered_position_type(getattr(config, "position_embedding_type", None))
+    if positions is None or not positions.onnx_gqa:
         return f"position_embedding_type={config.position_embedding_type!r} (the fused node's positions are rotary)"
     rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
     if rope_type not in STATIC_ROPE_TYPES:

@@ -26,7 +26,7 @@ from ..modeling import (
     VaswaniSeq2SeqModel,
 )
 from ..modeling.configuration import CONFIG_CLASSES
-from ..modeling.layers import SinusoidalPositionEmbedding, VaswaniRotaryEmbedding
+from ..modeling.positions import PositionEncoding
 
 FAMILIES = {"vaswani_decoder": "decoder", "vaswani_encoder": "encoder", "vaswani_seq2seq": "seq2seq"}
 
@@ -158,8 +158,8 @@ def load_for_task(folder: str | os.PathLike, task: str | None) -> tuple[PreTrain
 
 def cast_model(model: PreTrainedModel, dtype: torch.dtype, device: str) -> PreTrainedModel:
     """`model` in eval mode on `device` in `dtype`: itself when it already is, else a copy (the caller's model is
-    never changed). Rotary and sinusoidal frequencies stay float32 (both modules cast their output to the model's
-    dtype): fp16 frequencies would rotate far positions by wrong angles."""
+    never changed). Position frequencies stay float32 (modules with `keeps_float32_buffers`, rotary and sinusoidal,
+    cast their output to the model's dtype): fp16 frequencies would rotate far positions by wrong angles."""
     parameter = next(model.parameters())
     if parameter.dtype == dtype and parameter.device.type == device and not model.training:
         return model
@@ -167,7 +167,7 @@ def cast_model(model: PreTrainedModel, dtype: torch.dtype, device: str) -> PreTr
     float32_buffers = {
         (module, name): buffer.to(device)
         for module in copy_.modules()
-        if isinstance(module, (VaswaniRotaryEmbedding, SinusoidalPositionEmbedding))
+        if isinstance(module, PositionEncoding) and module.keeps_float32_buffers
         for name, buffer in module.named_buffers(recurse=False)
         if buffer.is_floating_point()
     }

@@ -9,12 +9,9 @@ from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from ..modeling import VaswaniForCausalLM, VaswaniForConditionalGeneration, VaswaniSeq2SeqModel, cache_of
+from ..modeling.positions import position_type
 from ..runtime.contract import PAST_PLUS_SEQUENCE, CacheShape, GraphSpec, TensorSpec
 from .tasks import family_of
-
-
-def _uses_position_ids(config: PreTrainedConfig) -> bool:
-    return config.position_embedding_type in ("sinusoidal", "learned", "rope")
 
 
 def _cache_from_tensors(tensors: tuple[torch.Tensor, ...], config: PreTrainedConfig) -> DynamicCache:
@@ -156,6 +153,12 @@ def _ids(name: str, length: str = "sequence") -> TensorSpec:
 def build_graph_specs(model: PreTrainedModel, task: str, dtype: torch.dtype) -> list[GraphSpec]:
     """The graphs a task exports, with their wrappers and I/O (`model` must be the task's model, see `task_model`)."""
     config, family = model.config, family_of(model.config)
+    if not position_type(config).onnx_portable:
+        raise ValueError(
+            f"position_embedding_type={config.position_embedding_type!r} does not declare that the ONNX graphs compute "
+            f"it (onnx_portable in its entry of vaswani.modeling.positions.POSITION_TYPES): check its export against "
+            f"the PyTorch model, then register it with onnx_portable=True."
+        )
     if family == "seq2seq":
         cache = CacheShape.of(config)
         hidden = TensorSpec("last_hidden_state", dtype, ("batch", "encoder_sequence", config.hidden_size))
@@ -190,7 +193,7 @@ def build_graph_specs(model: PreTrainedModel, task: str, dtype: torch.dtype) -> 
         arguments = [
             _ids("input_ids"),
             _ids("attention_mask", PAST_PLUS_SEQUENCE),
-            _ids("position_ids") if _uses_position_ids(config) else None,
+            _ids("position_ids") if position_type(config).takes_position_ids else None,
             cache.specs("past_key_values", "past_sequence", dtype),
             TensorSpec("logits_positions", torch.int64, ("logits_sequence",)),
         ]

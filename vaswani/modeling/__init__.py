@@ -1,4 +1,4 @@
-"""Configurations, shared layers and one module per model family."""
+"""Configurations, shared layers, the registry of position types (`positions.py`) and one module per model family."""
 
 from .configuration import VaswaniConfig, VaswaniDecoderConfig, VaswaniEncoderConfig, VaswaniSeq2SeqConfig
 from .decoder import VaswaniDecoderModel, VaswaniForCausalLM

@@ -12,14 +12,16 @@ from typing import Any, ClassVar
 
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.utils import logging
+
+from .positions import POSITION_TYPES, position_type, registered_position_type, uses_rope_parameters
 
 logger = logging.get_logger(__name__)
 
 # Set in `__dict__` once a config is built; never saved.
 BUILT_MARK = "_vaswani_built"
-POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "rope", "alibi", "relative_bias", "none")
+# The position types defined in `positions.py`; validation reads the registry itself, types registered later included.
+POSITION_EMBEDDING_TYPES = tuple(POSITION_TYPES)
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 CLASSIFIER_POOLINGS = ("cls", "mean", "last")
@@ -47,7 +49,7 @@ class VaswaniConfig(PreTrainedConfig):
             GeGLU with `gelu`.
         position_embedding_type: One of `sinusoidal`, `learned` (added to the token embeddings), `rope`
             (rotary, applied to queries and keys), `alibi` (linear distance bias), `relative_bias`
-            (T5's bucketed learned bias) or `none`.
+            (T5's bucketed learned bias), `none`, or a type registered in `positions.POSITION_TYPES`.
         rope_parameters: transformers' RoPE settings, e.g. `{"rope_type": "default", "rope_theta": 10000.0}`.
             Any `rope_type` of `transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS` works. Only rotary configs
             have the attribute at all, as in transformers' own models (BERT, GPT-2 and BART have none): tools decide
@@ -148,8 +150,9 @@ class VaswaniConfig(PreTrainedConfig):
         if self.intermediate_size is None and is_positive_int(self.hidden_size):
             self.intermediate_size = 4 * self.hidden_size
         if self.embedding_scale is None:
-            self.embedding_scale = self.position_embedding_type == "sinusoidal"
-        if self.position_embedding_type == "rope":
+            positions = registered_position_type(self.position_embedding_type)
+            self.embedding_scale = positions is not None and positions.scales_embeddings
+        if uses_rope_parameters(self.position_embedding_type):
             # Set before transformers' own post-init, which standardizes it (legacy rope_scaling/rope_theta included).
             self.rope_parameters = rope_parameters
         else:
@@ -167,16 +170,16 @@ class VaswaniConfig(PreTrainedConfig):
 
     def __setattr__(self, key: str, value: Any) -> None:
         if self.__dict__.get(BUILT_MARK):
-            rotary = self.__dict__.get("position_embedding_type") == "rope"
+            rotary = uses_rope_parameters(self.__dict__.get("position_embedding_type"))
             if key == "rope_parameters" and not rotary:
                 # Rope scaling set on a built non-rotary config (`config.rope_parameters = ...`,
                 # `config.rope_scaling = ...`) would silently do nothing: refuse it. Clearing it is already the case.
                 if value:
                     raise ValueError(self._no_rope_message(value))
                 return
-            if key == "position_embedding_type" and value != "rope" and rotary:
+            if key == "position_embedding_type" and not uses_rope_parameters(value) and rotary:
                 self.__dict__.pop("rope_parameters", None)
-            elif key == "position_embedding_type" and value == "rope" and not rotary:
+            elif key == "position_embedding_type" and uses_rope_parameters(value) and not rotary:
                 super().__setattr__("rope_parameters", dict(DEFAULT_ROPE_PARAMETERS))
         super().__setattr__(key, value)
 
@@ -216,7 +219,7 @@ class VaswaniConfig(PreTrainedConfig):
             "relative_attention_max_distance",
         ):
             self._check_positive_int(name)
-        self._check_choice("position_embedding_type", POSITION_EMBEDDING_TYPES)
+        self._check_choice("position_embedding_type", tuple(POSITION_TYPES))
         self._check_choice("norm_type", NORM_TYPES)
         self._check_choice("norm_position", NORM_POSITIONS)
         if not isinstance(self.hidden_act, str) or self.hidden_act not in ACT2FN:
@@ -259,16 +262,11 @@ class VaswaniConfig(PreTrainedConfig):
         for name in ("gated_ffn", "attention_bias", "mlp_bias", "embedding_scale", "tie_word_embeddings", "embedding_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False.")
-        if self.position_embedding_type == "rope":
-            self._validate_rope()
-        elif "rope_parameters" in self.__dict__:
+        positions = position_type(self)
+        if not positions.rope_parameters and "rope_parameters" in self.__dict__:
             raise ValueError(self._no_rope_message(self.rope_parameters))
-        if self.position_embedding_type == "relative_bias":
-            self._validate_relative_bias()
-        if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2:
-            raise ValueError(
-                f"position_embedding_type='sinusoidal' needs an even hidden_size (sine/cosine pairs), got hidden_size={self.hidden_size}."
-            )
+        if positions.validate is not None:  # what the position type needs of the config (positions.py)
+            positions.validate(self)
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             value = getattr(self, name)
             for token_id in value if isinstance(value, list) else [value]:
@@ -288,46 +286,6 @@ class VaswaniConfig(PreTrainedConfig):
                     f"{name}={value!r} is outside the vocabulary [0, vocab_size={self.vocab_size}); generation will "
                     f"never produce it. Set it to a token id of the vocabulary, or to None."
                 )
-
-    def _validate_rope(self) -> None:
-        if self.head_dim % 2:
-            raise ValueError(
-                f"position_embedding_type='rope' rotates pairs of channels and needs an even head_dim, got "
-                f"head_dim={self.head_dim}; change hidden_size/num_attention_heads or set head_dim."
-            )
-        rope_type = self.rope_parameters.get("rope_type", "default")
-        if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
-            raise ValueError(
-                f"rope_parameters['rope_type']={rope_type!r} is unknown; use 'default' or one of "
-                f"{sorted(ROPE_INIT_FUNCTIONS)}."
-            )
-        theta = self.rope_parameters.get("rope_theta")
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
-            raise ValueError(f"rope_parameters['rope_theta']={theta!r} must be a positive number (LLaMA: 10000).")
-        try:
-            # transformers' own per-type checks (e.g. 'linear' and 'dynamic' need a 'factor'); they raise KeyError.
-            self.validate_rope()
-        except KeyError as error:
-            raise ValueError(
-                f"rope_parameters={self.rope_parameters!r} is incomplete: {error.args[0]} "
-                f"(see transformers.modeling_rope_utils for the keys each rope_type needs)."
-            ) from None
-
-    def _validate_relative_bias(self) -> None:
-        # Bucketing keeps num_buckets // 2 exact distances (a quarter when bidirectional) and spreads the rest
-        # logarithmically up to max_distance: with fewer than 4 buckets or a max_distance not beyond the exact range,
-        # the log scale divides by zero and produces out-of-range bucket ids.
-        buckets, max_distance = self.relative_attention_num_buckets, self.relative_attention_max_distance
-        if buckets < 4:
-            raise ValueError(
-                f"relative_attention_num_buckets={buckets} is too few for position_embedding_type='relative_bias'; "
-                f"use at least 4 (T5: 32)."
-            )
-        if max_distance <= buckets // 2:
-            raise ValueError(
-                f"relative_attention_max_distance={max_distance} must be greater than relative_attention_num_buckets "
-                f"// 2 = {buckets // 2}, the distances that get a bucket each (T5: 32 buckets, max distance 128)."
-            )
 
     def _check_positive_int(self, name: str) -> None:
         value = getattr(self, name)

@@ -1,7 +1,8 @@
-"""The shared Transformer blocks of every vaswani family: norms, feed-forward, positions, attention, the block.
+"""The shared Transformer blocks of every vaswani family: norms, feed-forward, attention, the block.
 
-Each variant the literature uses is one small named piece chosen by the config in one place (`build_norm`,
-`build_positions`); the encoder, decoder and encoder-decoder families assemble these and nothing else.
+Each variant the literature uses is one small named piece chosen by the config in one place (`build_norm` here,
+`build_positions` from the position registry in `positions.py`); the encoder, decoder and encoder-decoder families
+assemble these and nothing else.
 
 Like the `configuration*.py` modules, this module imports only `torch` and `transformers`, so it travels with a saved model
 as Hub custom code.
@@ -9,7 +10,6 @@ as Hub custom code.
 
 import functools
 import inspect
-import math
 from collections.abc import Callable
 
 import torch
@@ -20,12 +20,17 @@ from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.generation.continuous_batching.cache import PagedAttentionCache
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 from transformers.utils.import_utils import is_torchdynamo_compiling
 
 from .configuration import VaswaniConfig
+from .positions import (
+    apply_rotary_pos_emb,
+    bias_free_position_types,
+    position_type,
+    positions_from_mask,  # noqa: F401  (moved to positions.py; vaswani.runtime.contract still imports it from here)
+)
 
 logger = logging.get_logger(__name__)
 
@@ -80,246 +85,6 @@ class FeedForward(nn.Module):
         return self.down_proj(self.act_fn(self.gate_proj(hidden_states)) * self.up_proj(hidden_states))
 
 
-# --------------------------------------------------------------------------------------------------- positions
-
-
-class PositionEncoding(nn.Module):
-    """How token order enters the model. Each variant overrides exactly one of the three hooks:
-
-    - `add_to_embeddings`: absolute positions added to the token embeddings (sinusoidal, learned);
-    - `rotary`: (cos, sin) that attention applies to queries and keys (RoPE);
-    - `score_bias`: an additive (batch or 1, heads, queries, keys) attention-score bias (ALiBi, T5 relative bias).
-
-    The model calls all three once per forward; the base class contributes nothing (`none`).
-    """
-
-    def add_to_embeddings(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        return inputs_embeds
-
-    def rotary(self, hidden_states: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        return None
-
-    def score_bias(self, position_ids: torch.Tensor, cache: Cache | None) -> torch.Tensor | None:
-        return None
-
-
-class DistanceBias(PositionEncoding):
-    """Variants whose score bias depends on query and key positions only through their distance."""
-
-    def score_bias(self, position_ids: torch.Tensor, cache: Cache | None) -> torch.Tensor:
-        return self.bias(*bias_positions(position_ids, cache))
-
-    def bias(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
-        """The (batch or 1, heads, queries, keys) bias for (batch or 1, queries) and (batch or 1, keys) positions."""
-        raise NotImplementedError
-
-
-class SinusoidalPositionEmbedding(PositionEncoding):
-    """The paper's fixed encoding (section 3.5): PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...).
-
-    Computed from the position ids on the fly, so it has no length limit and nothing to store.
-    """
-
-    def __init__(self, config: VaswaniConfig) -> None:
-        super().__init__()
-        self.hidden_size = config.hidden_size
-        self.inv_freq = nn.Buffer(self.compute_inv_freq(config.hidden_size), persistent=False)
-
-    @staticmethod
-    def compute_inv_freq(hidden_size: int) -> torch.Tensor:
-        return 1.0 / (10000.0 ** (torch.arange(0, hidden_size, 2, dtype=torch.float32) / hidden_size))
-
-    def add_to_embeddings(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        angles = position_ids[..., None].float() * self.inv_freq.to(inputs_embeds.device)
-        # Interleave so that channel 2i holds the sine and 2i+1 the cosine of the same frequency.
-        encoding = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
-        return inputs_embeds + encoding.to(inputs_embeds.dtype)
-
-
-class LearnedPositionEmbedding(PositionEncoding):
-    """A trained table of `max_position_embeddings` vectors (GPT-2, BERT, BART). BART reads it at
-    `position + position_offset` (its table has 2 extra rows), so its checkpoints map unchanged."""
-
-    def __init__(self, config: VaswaniConfig) -> None:
-        super().__init__()
-        self.offset = config.position_offset
-        self.embed_positions = nn.Embedding(config.max_position_embeddings + self.offset, config.hidden_size)
-
-    def add_to_embeddings(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        return inputs_embeds + self.embed_positions(position_ids + self.offset if self.offset else position_ids)
-
-
-class VaswaniRotaryEmbedding(PositionEncoding):
-    """Rotary position embedding (Su et al. 2021) with every transformers `rope_type` (default, linear, dynamic,
-    yarn, llama3, ...). The name ends in `RotaryEmbedding` so transformers' weight init recomputes `inv_freq`."""
-
-    def __init__(self, config: VaswaniConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.max_seq_len_cached = config.max_position_embeddings
-        self.original_max_seq_len = config.max_position_embeddings
-        self.rope_type = config.rope_parameters.get("rope_type", "default")
-        rope_init_fn: Callable = (
-            self.compute_default_rope_parameters if self.rope_type == "default" else ROPE_INIT_FUNCTIONS[self.rope_type]
-        )
-        inv_freq, self.attention_scaling = rope_init_fn(config)
-        self.inv_freq = nn.Buffer(inv_freq, persistent=False)
-        self.original_inv_freq = nn.Buffer(inv_freq.clone(), persistent=False)
-
-    @staticmethod
-    def compute_default_rope_parameters(config: VaswaniConfig, *args, **kwargs) -> tuple[torch.Tensor, float]:
-        base = config.rope_parameters["rope_theta"]
-        dim = config.head_dim
-        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-        return inv_freq, 1.0
-
-    @torch.no_grad()
-    @dynamic_rope_update
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float32)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
-
-    def rotary(self, hidden_states: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self(hidden_states, position_ids)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rotary_pos_emb(
-    query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate (batch, heads, seq, head_dim) queries and keys by (batch, seq, head_dim) cos/sin."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return query * cos + rotate_half(query) * sin, key * cos + rotate_half(key) * sin
-
-
-def alibi_slopes(num_heads: int) -> torch.Tensor:
-    """ALiBi's per-head slopes (Press et al. 2022): a geometric sequence from 2^(-8/n); for a head count that is
-    not a power of two, the slopes of the next power of two fill the remainder, as in the paper's code."""
-    closest_power = 2 ** math.floor(math.log2(num_heads))
-    base = 2.0 ** (-8.0 / closest_power)
-    slopes = [base ** (i + 1) for i in range(closest_power)]
-    if closest_power < num_heads:
-        extra_base = 2.0 ** (-4.0 / closest_power)
-        slopes += [extra_base ** (2 * i + 1) for i in range(num_heads - closest_power)]
-    return torch.tensor(slopes, dtype=torch.float32)
-
-
-class AlibiPositionBias(DistanceBias):
-    """ALiBi: each head penalizes attention linearly in the query-key distance, `-slope * |q - k|`.
-
-    Causal models only ever see k <= q, where this is the paper's `slope * (k - q)`; bidirectional encoders use the
-    symmetric distance.
-    """
-
-    def __init__(self, config: VaswaniConfig) -> None:
-        super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.slopes = nn.Buffer(alibi_slopes(config.num_attention_heads), persistent=False)
-
-    def bias(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
-        distance = (query_positions[:, :, None] - key_positions[:, None, :]).abs().float()
-        return -self.slopes.to(distance.device)[None, :, None, None] * distance[:, None]
-
-
-class RelativePositionBias(DistanceBias):
-    """T5's relative position bias: a learned scalar per head for each bucket of the key-minus-query distance.
-    Buckets are exact for small distances and logarithmic up to `relative_attention_max_distance`."""
-
-    def __init__(self, config: VaswaniConfig, bidirectional: bool) -> None:
-        super().__init__()
-        self.bidirectional = bidirectional
-        self.num_buckets = config.relative_attention_num_buckets
-        self.max_distance = config.relative_attention_max_distance
-        self.relative_attention_bias = nn.Embedding(self.num_buckets, config.num_attention_heads)
-
-    def bucket(self, relative_position: torch.Tensor) -> torch.Tensor:
-        num_buckets, buckets = self.num_buckets, torch.zeros_like(relative_position)
-        if self.bidirectional:
-            num_buckets //= 2
-            buckets += (relative_position > 0).long() * num_buckets
-            distance = relative_position.abs()
-        else:
-            distance = -torch.clamp(relative_position, max=0)
-        max_exact = num_buckets // 2
-        is_small = distance < max_exact
-        # Distances past max_exact share buckets logarithmically up to max_distance.
-        log_bucket = max_exact + (
-            torch.log(distance.float().clamp(min=1) / max_exact)
-            / math.log(self.max_distance / max_exact)
-            * (num_buckets - max_exact)
-        ).long()
-        log_bucket = torch.clamp(log_bucket, max=num_buckets - 1)
-        return buckets + torch.where(is_small, distance, log_bucket)
-
-    def bias(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
-        relative_position = key_positions[:, None, :] - query_positions[:, :, None]
-        bias = self.relative_attention_bias(self.bucket(relative_position))  # (batch, queries, keys, heads)
-        return bias.permute(0, 3, 1, 2)
-
-
-def build_positions(config: VaswaniConfig, bidirectional: bool) -> PositionEncoding:
-    """The position encoding the config asks for (`position_embedding_type`); `bidirectional` for encoders."""
-    kind = config.position_embedding_type
-    if kind == "sinusoidal":
-        return SinusoidalPositionEmbedding(config)
-    if kind == "learned":
-        return LearnedPositionEmbedding(config)
-    if kind == "rope":
-        return VaswaniRotaryEmbedding(config)
-    if kind == "alibi":
-        return AlibiPositionBias(config)
-    if kind == "relative_bias":
-        return RelativePositionBias(config, bidirectional=bidirectional)
-    return PositionEncoding()
-
-
-def positions_from_mask(attention_mask: torch.Tensor, padding_position: int = 1) -> torch.Tensor:
-    """Position ids of a padded batch: each token's count of real tokens so far, minus one; `padding_position` at
-    padding (masked, so any value in range does; 1 is transformers' `generate` and the exported graphs' contract).
-
-        >>> positions_from_mask(torch.tensor([[0, 1, 1]]))                      # tensor([[1, 0, 1]])
-    """
-    return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, padding_position)
-
-
-def bias_positions(position_ids: torch.Tensor, cache: Cache | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions of the queries and keys of one self-attention call, for distance-based biases: (batch or 1, n) each.
-
-    Without cached keys, the queries are the keys and both take the position ids: distances then follow the ids, not
-    the tokens' places in the tensor, so sequences packed into one row (ids restarting at 0) and rows with padding
-    between real tokens get exactly the bias they would get alone, as rotary positions do.
-    With cached keys, whose ids the cache does not keep, positions are indices into the cache (left padding shifts
-    queries and keys alike, so distances stay right); a static cache reports its full length as keys and the mask
-    hides the slots not yet written.
-    """
-    if isinstance(cache, EncoderDecoderCache):
-        cache = cache.self_attention_cache
-    if cache is None or _holds_no_tokens(cache):
-        return position_ids, position_ids
-    query_length, device = position_ids.shape[-1], position_ids.device
-    query_offset = cache.get_query_offset(0)
-    key_length, key_offset = cache.get_mask_sizes(query_length, 0)
-    query_positions = torch.arange(query_length, device=device) + query_offset
-    key_positions = torch.arange(key_length, device=device) + key_offset
-    return query_positions[None], key_positions[None]
-
-
-def _holds_no_tokens(cache: Cache) -> bool:
-    # Static (compileable) caches always take the index path: their keys span the whole preallocated length, and
-    # asking their length would be a data-dependent branch in a compiled graph. A dynamic cache knows it as a number
-    # (a symbol while exporting, which also keeps the index path).
-    if cache.is_compileable:
-        return False
-    length = cache.get_seq_length()
-    return isinstance(length, int) and length == 0
-
-
 # --------------------------------------------------------------------------------------------------- attention
 
 
@@ -357,9 +122,6 @@ def eager_attention_forward(
     return output, probs
 
 
-# What works on every backend, vLLM's and the flash kernels included: positions that act on embeddings or on queries
-# and keys. ALiBi and T5's relative bias are added to the attention scores, which only some backends can do.
-BIAS_FREE_POSITION_TYPES = ("rope", "learned", "sinusoidal", "none")
 # Before transformers 5.24 the attention functions of continuous batching write the paged cache themselves (they
 # take it as the `cache` keyword); from 5.24 on the model's attention writes it, as it does every other cache.
 PAGED_CACHE_WRITTEN_BY_BACKEND = version.parse(transformers.__version__).release < (5, 24)
@@ -398,7 +160,7 @@ def check_backend_supports_positions(config: VaswaniConfig) -> None:
     stack is built (vLLM builds the model with its own backend, so this fails at load, before any token) and again
     at every forward (the backend can be switched after loading)."""
     backend = config._attn_implementation
-    if config.position_embedding_type in BIAS_FREE_POSITION_TYPES or backend is None or is_torchdynamo_compiling():
+    if not position_type(config).adds_score_bias or backend is None or is_torchdynamo_compiling():
         return
     if not carries_position_bias(backend):
         capable = " or ".join(repr(name) for name in ("eager", "sdpa", "flex_attention") if carries_position_bias(name))
@@ -407,7 +169,7 @@ def check_backend_supports_positions(config: VaswaniConfig) -> None:
             f"attn_implementation={backend!r} does not take (its attention function has no `position_bias` "
             f"parameter), so it would produce wrong outputs. Use attn_implementation={capable}, which do with the "
             f"installed transformers. Every backend, flash attention and vLLM included, serves "
-            f"position_embedding_type in {BIAS_FREE_POSITION_TYPES}."
+            f"position_embedding_type in {bias_free_position_types()}."
         )
 
 

@@ -31,17 +31,13 @@ except ImportError:  # transformers < 5.21 (vLLM pins older releases): the same 
         return hidden_states[:, indices, :]
 
 from .layers import (
-    BIAS_FREE_POSITION_TYPES,
-    AlibiPositionBias,
-    SinusoidalPositionEmbedding,
     VaswaniAttention,
     VaswaniBlock,
-    alibi_slopes,
     build_norm,
-    build_positions,
     check_backend_supports_positions,
     warn_if_cpu_flex_attention_is_unreliable,
 )
+from .positions import PositionEncoding, bias_free_position_types, build_positions, position_type
 
 # transformers 5.24 renamed the cache argument and output field `past_key_values` to `cache` (`generate` passes
 # `cache=`, the output classes have a `cache` field). The models take both names and return the field the installed
@@ -169,10 +165,9 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
         # Non-persistent buffers are not in checkpoints: recompute them when the model is materialized from `meta`.
-        if isinstance(module, SinusoidalPositionEmbedding):
-            init.copy_(module.inv_freq, module.compute_inv_freq(module.hidden_size))
-        elif isinstance(module, AlibiPositionBias):
-            init.copy_(module.slopes, alibi_slopes(module.num_heads))
+        if isinstance(module, PositionEncoding):
+            for name, value in module.computed_buffers().items():
+                init.copy_(getattr(module, name), value)
 
     def resize_token_embeddings(
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
@@ -275,7 +270,7 @@ class VaswaniStack(VaswaniPreTrainedModel):
         plan = {"embed_tokens": "embedding_rowwise", "layers.*.mlp.up_proj": "colwise", "layers.*.mlp.down_proj": "rowwise"}
         if self.config.gated_ffn:
             plan["layers.*.mlp.gate_proj"] = "colwise"
-        if self.config.position_embedding_type not in ("alibi", "relative_bias"):
+        if not position_type(self.config).adds_score_bias:
             attention = ["self_attn"] + (["cross_attn"] if self.layers[0].cross_attn is not None else [])
             for name in attention:
                 plan.update({f"layers.*.{name}.{projection}_proj": "colwise" for projection in "qkv"})
@@ -296,7 +291,7 @@ class VaswaniStack(VaswaniPreTrainedModel):
         norm or segment embeddings are added on the way in."""
         config = self.config
         return (
-            config.position_embedding_type not in ("learned", "sinusoidal")
+            position_type(config).acts_on != "embeddings"
             and not config.embedding_scale
             and not config.embedding_norm
             and not config.type_vocab_size
@@ -415,12 +410,12 @@ def check_inputs(
 
 def check_continuous_batching_positions(config: VaswaniConfig) -> None:
     """Continuous batching serves every position type but the score biases (see `init_continuous_batching`)."""
-    if config.position_embedding_type not in BIAS_FREE_POSITION_TYPES:
+    if position_type(config).adds_score_bias:
         raise ValueError(
             f"transformers' continuous batching (generate_batch, paged attention) cannot apply "
             f"position_embedding_type={config.position_embedding_type!r}: it packs the requests into one row, and the "
             f"bias needs each request's key positions. Use generate() (batched, left-padded), or `vaswani serve`; "
-            f"continuous batching serves position_embedding_type in {BIAS_FREE_POSITION_TYPES}."
+            f"continuous batching serves position_embedding_type in {bias_free_position_types()}."
         )
 
 
@@ -433,12 +428,16 @@ def check_positions(config: VaswaniConfig, position_ids: torch.Tensor, batch: in
             f"position_ids have shape {tuple(position_ids.shape)} but the input is (batch={batch}, tokens={length}); "
             f"if they came from generate(), check that attention_mask has one entry per input token."
         )
-    if config.position_embedding_type != "learned" or not position_ids.numel() or not _can_read_values(position_ids):
+    if (
+        not position_type(config).bounded_by_max_positions
+        or not position_ids.numel()
+        or not _can_read_values(position_ids)
+    ):
         return
     needed = int(position_ids.max()) + 1
     if needed > config.max_position_embeddings:
         raise ValueError(
-            f"The sequence needs {needed} positions but this model's learned position table has "
+            f"The sequence needs {needed} positions but this model's {config.position_embedding_type} position table has "
             f"max_position_embeddings={config.max_position_embeddings}. Shorten the input (truncate it, or lower "
             f"max_new_tokens), or train a model with a larger max_position_embeddings."
         )

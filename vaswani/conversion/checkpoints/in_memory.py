@@ -17,6 +17,7 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.initialization import no_init_weights
 
 from ...modeling import VaswaniConfig, VaswaniEncoderConfig, VaswaniPreTrainedModel, VaswaniSeq2SeqConfig
+from ...modeling.positions import POSITION_TYPES, position_type
 from .architecture import StateDict
 from .registry import ARCHITECTURES, TARGET_CLASSES
 
@@ -169,14 +170,6 @@ UNCOMPARED_FIELDS = frozenset(
         "add_pooler",
     }
 )
-# Fields that matter only with some position types.
-POSITION_FIELDS = {
-    "rope_parameters": ("rope",),
-    "relative_attention_num_buckets": ("relative_bias",),
-    "relative_attention_max_distance": ("relative_bias",),
-    "position_offset": ("learned",),
-    "max_position_embeddings": ("learned", "rope"),
-}
 # A vaswani model without these converts to a target that always has them: the target's weights are zeros.
 ABSENT_MEANS_ZERO = {"attention_bias": False, "mlp_bias": False, "lm_head_bias": False, "type_vocab_size": 0}
 # Architectures guessed from a vaswani family and its position type when none is given.
@@ -195,9 +188,10 @@ def _effective_fields(config: VaswaniConfig, pooled: bool) -> dict[str, Any]:
     fields["attention_scale"] = config.attention_scale or config.head_dim**-0.5
     if hasattr(config, "rope_parameters"):  # an attribute of rotary configs only, not a field
         fields["rope_parameters"] = config.rope_parameters
-    for name, position_types in POSITION_FIELDS.items():
-        if config.position_embedding_type not in position_types:
-            fields.pop(name, None)
+    # Fields that matter only with the position types that read them (`config_fields` of their registry entries).
+    read_by_some = {name for entry in POSITION_TYPES.values() for name in entry.config_fields}
+    for name in read_by_some - set(position_type(config).config_fields):
+        fields.pop(name, None)
     if pooled:  # the pooler pools the first token unless the config says otherwise
         fields["classifier_pooling"] = config.classifier_pooling or "cls"
     else:

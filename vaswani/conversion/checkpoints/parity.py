@@ -8,7 +8,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from ...modeling import cache_keyword
-from ...modeling.layers import positions_from_mask
+from ...modeling.positions import positions_from_mask
 
 PARITY_TOLERANCE = 1e-4  # fp32
 
