@@ -25,6 +25,8 @@ POSITION_EMBEDDING_TYPES = tuple(POSITION_TYPES)
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 CLASSIFIER_POOLINGS = ("cls", "mean", "last")
+# The cache's argument and output names: `cache` from transformers 5.24 on, `past_key_values` before.
+CACHE_NAMES = ("cache", "past_key_values")
 # What transformers gives a config that has rope parameters but sets none.
 DEFAULT_ROPE_PARAMETERS = {"rope_type": "default", "rope_theta": 10000.0}
 # Every family's config class by `model_type`, filled as the families are defined.
@@ -87,7 +89,7 @@ class VaswaniConfig(PreTrainedConfig):
     Every invalid value or combination raises `ValueError` when the config is built.
     """
 
-    keys_to_ignore_at_inference: ClassVar[list[str]] = ["cache", "past_key_values"]
+    keys_to_ignore_at_inference: ClassVar[list[str]] = list(CACHE_NAMES)
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
     def __init_subclass__(cls, **kwargs):

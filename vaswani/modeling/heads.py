@@ -44,7 +44,7 @@ class VaswaniForSequenceClassification(VaswaniPreTrainedModel):
     def __init__(self, config: VaswaniConfig) -> None:
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.is_encoder = config.model_type == "vaswani_encoder"
+        self.is_encoder = config.model_type == VaswaniEncoderConfig.model_type
         self.pooling = config.classifier_pooling or ("cls" if self.is_encoder else "last")
         self.model = VaswaniEncoderModel(config) if self.is_encoder else VaswaniDecoderModel(config)
         if getattr(self.model, "pooler", None) is not None and (config._attn_implementation or "").startswith("vllm"):

@@ -20,6 +20,7 @@ from transformers.utils.import_utils import is_torchdynamo_compiling
 from transformers.utils.output_capturing import OutputRecorder
 
 from .configuration import VaswaniConfig
+from .configuration_shared import CACHE_NAMES
 
 try:
     from transformers.modeling_utils import slice_logits_to_keep
@@ -92,7 +93,7 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["VaswaniBlock"]
-    _skip_keys_device_placement = ["cache", "past_key_values"]
+    _skip_keys_device_placement = list(CACHE_NAMES)
     _supports_flash_attn = True
     _supports_sdpa = True
     _supports_flex_attn = True
