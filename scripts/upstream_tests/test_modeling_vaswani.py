@@ -37,14 +37,10 @@ if is_torch_available():
         VaswaniSeq2SeqConfig,
         VaswaniSeq2SeqModel,
     )
+    from vaswani.modeling.positions import POSITION_TYPES
 
-# The position types each family supports (ALiBi and T5's relative bias are score biases; the others change the
-# inputs of attention).
-POSITIONS = {
-    "decoder": ("rope", "alibi", "learned", "sinusoidal", "relative_bias", "none"),
-    "encoder": ("learned", "sinusoidal", "rope", "alibi", "relative_bias", "none"),
-    "seq2seq": ("sinusoidal", "learned", "rope", "alibi", "relative_bias", "none"),
-}
+# Every family supports every registered position type (modeling/positions.py).
+POSITIONS = {family: tuple(POSITION_TYPES) for family in ("decoder", "encoder", "seq2seq")}
 
 # transformers' tests decide what a class is (a base model, a causal LM, a classifier: which labels it takes, whether
 # it trains) by looking its name up in the Auto mappings' name tables, which list the library's own models. List ours
