@@ -1,5 +1,4 @@
-"""The `vaswani` command line (`main`); each subcommand is a module of this package."""
+"""The `vaswani` command line: `main.py` holds the command table and `main()`, and each subcommand is a module here.
 
-from .main import main
-
-__all__ = ["main"]
+`main` is not imported into this package, so that `vaswani.cli.main` names one thing, the module.
+"""

@@ -1,11 +1,10 @@
 """`vaswani bench FOLDER`: time to first token and decode tokens/s of a causal LM folder on this machine, against the
-bound that memory bandwidth sets (`evaluation.speed`)."""
+bound that memory bandwidth sets, over `evaluation.speed.bench_folder`."""
 
 import argparse
 import sys
-from pathlib import Path
 
-from .options import add_engine_arguments
+from .options import add_json_argument, add_runtime_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,10 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128, help="tokens per prompt (128)")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per prompt, at least 2 (64)")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after a warm-up; medians reported (3)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs (cpu)")
-    parser.add_argument("--threads", type=int, help="intra-op threads (default: every core this process may use)")
-    add_engine_arguments(parser)
-    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the result as JSON to FILE")
+    add_runtime_arguments(parser)
+    add_json_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,15 +26,13 @@ def run(args: argparse.Namespace) -> int:
         check_settings(args.batch_sizes, args.prompt_tokens, args.new_tokens, args.rounds)
     except ValueError as error:
         args.parser.error(str(error))
-    if args.threads is not None and args.threads < 1:
-        args.parser.error("--threads must be at least 1")
     from ..runtime.loading import load_folder, set_command_threads
 
     try:
         loaded = load_folder(
             args.folder, args.device, args.threads, "text-generation", args.engine, args.openvino_precision
         )
-        set_command_threads(loaded.form, args.threads)
+        set_command_threads("model" if loaded.form == "pytorch" else "small-ops", args.threads)
         result = bench_folder(
             loaded, args.batch_sizes, args.prompt_tokens, args.new_tokens, args.rounds, args.device, args.threads
         )

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .options import add_engine_arguments
+from .options import add_runtime_arguments
 
 if TYPE_CHECKING:
     from ..runtime.loading import LoadedFolder
@@ -157,9 +157,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, help="with --temperature: nucleus sampling's probability mass")
     parser.add_argument("--top-k", type=int, help="with --temperature: sample from the K likeliest tokens")
     parser.add_argument("--seed", type=int, help="with --temperature: the random seed, for repeatable answers")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs (cpu)")
-    parser.add_argument("--threads", type=int, help="intra-op threads (default: every core this process may use)")
-    add_engine_arguments(parser)
+    add_runtime_arguments(parser)
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -172,8 +170,6 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("--top-p must be in (0, 1]")
     if args.top_k is not None and args.top_k < 1:
         parser.error("--top-k must be at least 1")
-    if args.threads is not None and args.threads < 1:
-        parser.error("--threads must be at least 1")
     if args.temperature == 0:
         for flag, value in (("--top-p", args.top_p), ("--top-k", args.top_k), ("--seed", args.seed)):
             if value is not None:
@@ -195,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     options = ChatOptions(args.max_new_tokens, args.temperature, args.top_p, args.top_k, args.seed)
-    set_command_threads(loaded.form, args.threads)
+    set_command_threads("model" if loaded.form == "pytorch" else "small-ops", args.threads)
     if args.prompt is not None:
         messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": args.prompt})

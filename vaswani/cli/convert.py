@@ -5,13 +5,13 @@ import sys
 
 DESCRIPTION = (
     "Convert a transformers model folder (LLaMA, Mistral, Qwen2, GPT-2, BERT, BART, T5) into a vaswani "
-        "one, or with --reverse a vaswani folder back into transformers' architecture. The result is loaded back "
-        "and checked against the source (max abs diff <= 1e-4, greedy generation identical) before it is moved into "
-        "place; the tokenizer is carried over. On any failure nothing is written."
+    "one, or with --reverse a vaswani folder back into transformers' architecture. The result is loaded back "
+    "and checked against the source (max abs diff <= 1e-4, greedy generation identical) before it is moved into "
+    "place; the tokenizer is carried over. On any failure nothing is written."
 )
 EPILOG = (
     "exit status: 0 converted and verified; 1 the converted model does not reproduce the source; "
-        "2 bad input (missing folder, unsupported architecture, fields that do not map, non-empty target)."
+    "2 bad input (missing folder, unsupported architecture, fields that do not map, non-empty target)."
 )
 
 

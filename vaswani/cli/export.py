@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from .options import stage_progress
+from .options import add_device_argument, stage_progress
 
 # Ends the process as soon as the command has finished, without the interpreter's teardown (`main.exit_now`).
 EXIT_WITHOUT_TEARDOWN = True
@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--output", required=True, metavar="OUT", help="the folder to write")
     parser.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32", help="weights and activations (fp32)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="trace and validate on (cpu)")
+    add_device_argument(parser, "trace and validate on")
     parser.add_argument("--optimize", action="store_true", help="save the graphs after ONNX Runtime's fusions")
     parser.add_argument(
         "--quantize",
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.loading import set_command_threads
 
     if args.quantize == "int4" and args.device == "cpu":
-        set_command_threads("int4-export", None)
+        set_command_threads("small-ops")
     try:
         result = export_onnx(
             args.model,

@@ -11,12 +11,18 @@ Example:
     $ vaswani finetune --model ./vaswani-folder --train_file train.txt --output_dir out --lora
     $ torchrun --nproc_per_node 2 -m vaswani finetune ...  # or: accelerate launch ... -m vaswani finetune ...
 
-Each subcommand is a module of this package, listed once in `COMMANDS`, with
-- `add_arguments(parser)`: its flags; `run(args) -> int`: its body, over a library function;
-- `DESCRIPTION` and `EPILOG` (optional; else the module's docstring is the description);
-- `OWN_FLAGS = True` (optional) for a command whose own parser reads every word (`finetune`);
-- `EXIT_WITHOUT_TEARDOWN = True` (optional) to end the process at once when run as the console script (`export`).
-Only the module of the command being run is imported, so `vaswani --help` loads no torch.
+A subcommand is one module and one row of `COMMANDS` (its module's name and its line in `vaswani --help`); nothing
+else names it. The module has
+- `add_arguments(parser)`: its flags (the flags several commands share come from `options`);
+- `run(args) -> int`: its body, a thin layer over a library function, returning the exit code; `args.parser` is its
+  parser, for `args.parser.error(...)` (usage, message, exit status 2);
+- its docstring's first paragraph as its description, or `DESCRIPTION`; `EPILOG` (optional), e.g. its exit statuses;
+- `OWN_FLAGS = True` (optional) for a command whose own parser reads every word after its name, `--help` included
+  (`finetune`: transformers' HfArgumentParser); its `add_arguments` declares one `argparse.REMAINDER` argument;
+- `EXIT_WITHOUT_TEARDOWN = True` (optional) to end the process as soon as it returns, when run as the console script
+  (`export`: `exit_now`).
+Only the module of the command being run is imported, so `vaswani --help` imports no command's module, nor ONNX,
+ONNX Runtime or the server (tests/test_cli.py).
 """
 
 import argparse
@@ -25,16 +31,17 @@ import os
 import sys
 from typing import NoReturn
 
-# command -> (its module in this package, its line in `vaswani --help`)
+# command -> (its module, relative to this package or absolute, as `importlib.import_module` reads it; its line in
+# `vaswani --help`)
 COMMANDS = {
-    "convert": ("convert", "convert a transformers checkpoint folder to vaswani, or back"),
-    "export": ("export", "export a vaswani or transformers model folder to ONNX and validate it"),
-    "serve": ("serve", "serve a model folder over HTTP with OpenAI's API (needs pip install 'vaswani[serve]')"),
-    "perplexity": ("perplexity", "the perplexity of a PyTorch or ONNX folder on a text file"),
-    "chat": ("chat", "chat with a chat model's folder (PyTorch or ONNX): interactive, or one --prompt"),
-    "bench": ("bench", "time to first token and decode tokens/s of a folder on this machine"),
+    "convert": (".convert", "convert a transformers checkpoint folder to vaswani, or back"),
+    "export": (".export", "export a vaswani or transformers model folder to ONNX and validate it"),
+    "serve": (".serve", "serve a model folder over HTTP with OpenAI's API (needs pip install 'vaswani[serve]')"),
+    "perplexity": (".perplexity", "the perplexity of a PyTorch or ONNX folder on a text file"),
+    "chat": (".chat", "chat with a chat model's folder (PyTorch or ONNX): interactive, or one --prompt"),
+    "bench": (".bench", "time to first token and decode tokens/s of a folder on this machine"),
     "finetune": (
-        "finetune",
+        ".finetune",
         "fine-tune a model folder with transformers' Trainer (full or LoRA; text, chat, classification, seq2seq; "
         "torchrun/accelerate launch -m vaswani finetune); needs pip install 'vaswani[train]'",
     ),
@@ -47,7 +54,7 @@ def add_command(subparsers: argparse._SubParsersAction, command: str, selected: 
     if not selected:
         subparsers.add_parser(command, help=help_text, add_help=False)
         return
-    module = importlib.import_module(f".{module_name}", __package__)
+    module = importlib.import_module(module_name, __package__)
     own_flags = getattr(module, "OWN_FLAGS", False)
     parser = subparsers.add_parser(
         command,
@@ -58,7 +65,8 @@ def add_command(subparsers: argparse._SubParsersAction, command: str, selected: 
         prefix_chars="\0" if own_flags else "-",  # every word, dashes included, goes to the command's own parser
     )
     module.add_arguments(parser)
-    parser.set_defaults(run=module.run, parser=parser, exit_now=getattr(module, "EXIT_WITHOUT_TEARDOWN", False))
+    exit_without_teardown = getattr(module, "EXIT_WITHOUT_TEARDOWN", False)
+    parser.set_defaults(run=module.run, parser=parser, exit_without_teardown=exit_without_teardown)
 
 
 def exit_now(code: int) -> NoReturn:
@@ -92,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         add_command(subparsers, command, selected=command in words[:1])
     args = parser.parse_args(words)
     code = args.run(args)
-    if argv is None and args.exit_now:
+    if argv is None and args.exit_without_teardown:
         exit_now(code)
     return code
 

@@ -5,16 +5,16 @@ import logging
 import os
 import sys
 
-from .options import add_engine_arguments
+from .options import add_runtime_arguments
 
 DESCRIPTION = (
     "Serve an exported ONNX folder (text-generation: /v1/chat/completions and /v1/completions with "
-        "continuous batching; feature-extraction: /v1/embeddings; text-classification: /v1/classifications) or, with "
-        "--backend torch, a PyTorch vaswani causal LM folder. With --ray, N replicas run behind Ray Serve's router."
+    "continuous batching; feature-extraction: /v1/embeddings; text-classification: /v1/classifications) or, with "
+    "--backend torch, a PyTorch vaswani causal LM folder. With --ray, N replicas run behind Ray Serve's router."
 )
 EPILOG = (
     "exit status: 0 after a clean shutdown (after SIGTERM, the signal's own status, 143: uvicorn re-raises "
-        "it once the requests have drained); 2 bad input (not a model folder, a task that is not served)."
+    "it once the requests have drained); 2 bad input (not a model folder, a task that is not served)."
 )
 
 
@@ -75,9 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1; 0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (8000)")
     parser.add_argument("--backend", choices=("onnx", "torch"), default="onnx", help="ONNX Runtime or PyTorch (onnx)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs (cpu)")
-    parser.add_argument("--threads", type=int, help="intra-op threads (default: every core this process may use)")
-    add_engine_arguments(parser)
+    add_runtime_arguments(parser)
     parser.add_argument("--model-name", help="the model id clients send (default: the folder's name)")
     parser.add_argument("--max-batch", type=int, default=16, help="sequences decoded together at most (16)")
     parser.add_argument("--max-waiting", type=int, default=64, help="requests queued at most; more get 429 (64)")
@@ -169,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
 
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         service = load_service(args.folder, **options)
-        set_command_threads(args.backend, args.threads)
+        set_command_threads("model" if args.backend == "torch" else "small-ops", args.threads)
         app = create_app(service, **app_options)
     except ImportError as error:
         extra = "ray" if args.ray else "openvino" if "openvino" in str(error) else "serve"

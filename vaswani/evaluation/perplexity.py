@@ -1,5 +1,5 @@
 """Perplexity of a model folder on a text: one definition for every folder `vaswani.runtime.loading.load_folder` loads
-(PyTorch or ONNX export, any precision), and the `vaswani perplexity` command.
+(PyTorch or ONNX export, any precision); `vaswani perplexity` (`vaswani.cli.perplexity`) runs `folder_perplexity`.
 
 What is scored depends on the model's objective:
 - causal LM: strided windows, the definition of transformers' perplexity guide. Windows of `context` tokens start
@@ -22,13 +22,10 @@ Usage:
     $ vaswani perplexity outputs/chat-onnx --text story.txt --context 512 --stride 256 --json ppl.json
 """
 
-import argparse
-import json
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -248,7 +245,8 @@ def folder_perplexity(
     openvino_precision: str = "auto",
 ) -> Perplexity:
     """The perplexity of the model in `folder` (a PyTorch folder or an ONNX export) on `texts`; see
-    `model_perplexity` for the arguments, `load_folder` for `engine` and `openvino_precision`.
+    `model_perplexity` for the arguments, `load_folder` for `engine` (the runtime of an ONNX export, as `--engine`)
+    and `openvino_precision`.
 
     >>> folder_perplexity("outputs/chat-onnx", open("story.txt").read(), context=512).perplexity  # doctest: +SKIP
     """
@@ -258,33 +256,3 @@ def folder_perplexity(
     return model_perplexity(
         loaded.model, loaded.tokenizer, texts, loaded.task, loaded.form, context, stride, max_tokens, device=device
     )
-
-
-def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Run `vaswani perplexity` with parsed `args`; bad input exits through `parser.error` (status 2)."""
-    from ..runtime.loading import set_command_threads
-
-    text_path = Path(args.text)
-    if not text_path.is_file():
-        parser.error(f"--text {text_path}: no such file; pass a UTF-8 text file.")
-    text = text_path.read_text(encoding="utf-8")
-    if not text.strip():
-        parser.error(f"--text {text_path} is empty; pass a file with text to score.")
-    for flag in ("context", "stride", "max_tokens", "threads"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            parser.error(f"--{flag.replace('_', '-')} must be a positive number, got {value}.")
-    if args.context is not None and args.stride is not None and args.stride > args.context:
-        parser.error(f"--stride {args.stride} is larger than --context {args.context}: it would skip tokens.")
-    set_command_threads("onnx" if (Path(args.folder) / "manifest.json").is_file() else "pytorch", args.threads)
-    try:
-        result = folder_perplexity(
-            args.folder, text, args.context, args.stride, args.max_tokens, args.device, args.threads, args.engine,
-            args.openvino_precision,
-        )  # fmt: skip
-    except (ValueError, OSError, ImportError) as error:
-        parser.error(str(error))
-    print(result.describe())
-    if args.json:
-        Path(args.json).write_text(json.dumps(asdict(result), indent=2) + "\n")
-    return 0

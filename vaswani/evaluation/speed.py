@@ -65,14 +65,16 @@ class BenchResult:
     bound_tokens_per_s: float
     rounds: int
     rows: list[BenchRow] = field(default_factory=list)
-    engine: str = "onnxruntime"  # what ran it: pytorch, onnxruntime, or the OpenVINO route (`--engine openvino`)
+    # The runtime that ran it: pytorch, onnxruntime, or the OpenVINO route (`--engine openvino`); the JSON key is
+    # "engine", as the flag's name.
+    engine: str = "onnxruntime"
     bandwidth_threads: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
 
     @property
-    def engine_note(self) -> str:
+    def runtime_note(self) -> str:
         return "" if self.engine == "onnxruntime" or self.form != "onnx" else f", {self.engine}"
 
     @property
@@ -84,7 +86,7 @@ class BenchResult:
         """The result as a Markdown table, under a line naming the machine and the bound."""
         machine = self.machine
         lines = [
-            f"{self.folder} ({self.form} on {self.device}{self.engine_note}); {machine['cpu']}, {machine['cores']} cores, "
+            f"{self.folder} ({self.form} on {self.device}{self.runtime_note}); {machine['cpu']}, {machine['cores']} cores, "
             f"{machine['threads']} threads; {machine['torch']}",
             f"weights {self.weight_bytes / 1e6:.1f} MB, memory bandwidth {self.bandwidth_bytes_per_s / 1e9:.1f} GB/s"
             f"{self.probe_note}: "
@@ -154,7 +156,7 @@ def decode_threads(loaded: "LoadedFolder") -> int:
     if loaded.form != "onnx":
         return torch.get_num_threads()
     session = loaded.model.graphs[loaded.model.decoding_graph].session
-    session = getattr(session, "step_session", session)  # openvino_engine.RoutedSession: ONNX Runtime's half
+    session = getattr(session, "step_session", session)  # runtime.openvino.RoutedSession: ONNX Runtime's half
     # 0 asks ONNX Runtime for its own default, one thread per core.
     return session.get_session_options().intra_op_num_threads or len(os.sched_getaffinity(0))
 
@@ -315,7 +317,7 @@ def bench_folder(
     provider = loaded.model.provider if loaded.form == "onnx" else ""
     if loaded.form != "onnx":
         result.engine = loaded.form
-    elif provider.startswith("OpenVINO"):  # openvino_engine.RoutedSession
+    elif provider.startswith("OpenVINO"):  # runtime.openvino.RoutedSession
         from ..runtime.openvino import route_description
 
         result.engine = route_description(provider)

@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from transformers import (
     AutoConfig,
@@ -119,19 +119,25 @@ def load_folder(
     return LoadedFolder(model, tokenizer, found, "pytorch", folder)
 
 
-def set_command_threads(form: str, threads: int | None) -> None:
+def set_command_threads(torch_work: Literal["model", "small-ops"], threads: int | None = None) -> None:
     """A command's PyTorch thread pool, set once when it starts (library code never changes it; this process is the
-    command's own). An ONNX model leaves torch only the sampling and logits processors, on small tensors, where a
-    pool of several threads costs more than it gives (measured with SmolLM2's 49k vocabulary on 2 busy cores: 136 ms
-    against 9 ms a sampled token), so torch gets one thread and ONNX Runtime its own `threads` (what measures the
-    decode, such as `vaswani bench`'s bandwidth probe, reads ONNX Runtime's count: `benchmarking.decode_threads`,
-    not torch's one). A PyTorch model gets
-    `threads` when given, else torch's default. An int4 export (`form` "int4-export") gets one torch thread too:
-    its search and GPTQ are many small tensor ops, which intra-op threads spin-waiting on a busy machine made 30x
-    slower (a 576 x 3072 weight: 37 s with 2 threads, 1.2 s with one)."""
+    command's own), by the work torch does in it:
+    - "model": torch runs the model (a PyTorch folder): `threads` when given, else torch's default;
+    - "small-ops": torch runs only small tensor ops, where a pool of several threads costs more than it gives, so it
+      gets one thread whatever `threads` says. An ONNX export leaves torch only the sampling and logits processors
+      (measured with SmolLM2's 49k vocabulary on 2 busy cores: 136 ms against 9 ms a sampled token), and ONNX Runtime
+      gets its own `threads` (what measures the decode, such as `vaswani bench`'s bandwidth probe, reads ONNX
+      Runtime's count: `evaluation.speed.decode_threads`, not torch's one). An int4 export's search and GPTQ are many
+      small tensor ops, which intra-op threads spin-waiting on a busy machine made 30x slower (a 576 x 3072 weight:
+      37 s with 2 threads, 1.2 s with one).
+
+        >>> set_command_threads("model" if loaded.form == "pytorch" else "small-ops", args.threads)  # doctest: +SKIP
+    """
     import torch
 
-    if form in ("onnx", "int4-export"):
+    if torch_work not in ("model", "small-ops"):
+        raise ValueError(f"torch_work is 'model' or 'small-ops', not {torch_work!r}.")
+    if torch_work == "small-ops":
         torch.set_num_threads(1)
     elif threads:
         torch.set_num_threads(threads)
