@@ -36,14 +36,14 @@ def export_build(model: str, folder: str, precision: str, method: str | None, ei
     """One build, in this process: `export_onnx` without validation; an int4 build with `method` and
     `eight_bit_budget` where given (None: export_onnx's defaults)."""
     from vaswani.export import export_onnx
+    from vaswani.quantization import Quantization
 
-    quantize = None if precision == "fp32" else precision
     if precision != "int4":
         method = eight_bit_budget = None
-    export_onnx(
-        model, folder, validate=False, overwrite=True, progress=print, quantize=quantize, int4_method=method,
-        int4_8bit_budget=eight_bit_budget,
-    )  # fmt: skip
+    quantize = (
+        None if precision == "fp32" else Quantization.of(precision, method=method, eight_bit_budget=eight_bit_budget)
+    )
+    export_onnx(model, folder, validate=False, overwrite=True, progress=print, quantize=quantize)
 
 
 def export_builds(name: str, model: Path, work: Path, precisions: list[str], args: argparse.Namespace) -> dict:

@@ -25,8 +25,9 @@ import vaswani  # noqa: F401
 from benchmarks.real_model import DEFAULT_PROMPT, folder_megabytes, prompt_ids
 from vaswani.evaluation.perplexity import model_perplexity, text_ids
 from vaswani.export import export_onnx
-from vaswani.export.postprocess import DEFAULT_INT4_METHOD, INT4_METHODS
+from vaswani.quantization import Quantization
 from vaswani.quantization.int4 import CALIBRATION_TOKENS
+from vaswani.quantization.scheme import DEFAULT_INT4_METHOD, INT4_METHODS
 from vaswani.runtime import OrtModelForCausalLM
 
 
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> dict:
         quantize = {}
         if system:
             method, _, wide = system.partition("/")
-            quantize = dict(quantize="int4", int4_method=method, int4_mlp_out_bits=8 if wide else None)
+            quantize = dict(quantize=Quantization.of("int4", method=method, narrowing_bits=8 if wide else None))
         export_onnx(args.model, folder, "text-generation", overwrite=True, progress=say, **quantize)
         seconds = time.perf_counter() - start
         say(f"Measuring {name}")

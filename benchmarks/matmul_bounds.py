@@ -27,8 +27,9 @@ from benchmarks.provenance import command_line, machine
 from benchmarks.quantized_validation_bounds import random_models
 from benchmarks.results.pages import write
 from vaswani.export import OnnxValidationError, export_onnx
-from vaswani.export.postprocess import quantization_format, quantize_graph
+from vaswani.quantization import Quantization
 from vaswani.quantization.matmul_check import quantized_matmul_errors, record_graphs
+from vaswani.quantization.matmul_nbits import quantize_graph
 from vaswani.runtime.contract import save_graph
 
 CORRUPTIONS = {"scales x1.25": 1.25, "scales doubled": 2.0, "scales zeroed": 0.0}
@@ -68,7 +69,7 @@ def measure(name: str, source, work: Path) -> dict:
         honest, broken = [], []
         for graph, recorded in recordings.items():
             file = f"{graph}_model.onnx" if graph != "model" else "model.onnx"
-            quantize_graph(quantized / file, quantization_format(quantize, **({"eight_bit_budget": 0.0} if quantize == "int4" else {})))
+            quantize_graph(quantized / file, Quantization.of(quantize, **({"eight_bit_budget": 0.0} if quantize == "int4" else {})))
             honest += rows_of(quantized_matmul_errors(quantized / file, recorded, graph))
             for position in ("first", "middle", "last"):
                 for how, factor in CORRUPTIONS.items():

@@ -14,6 +14,7 @@ benchmarks/results/). `--from-json OUTPUT.json` makes the table again from the m
 """
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -35,7 +36,8 @@ from vaswani import (
     VaswaniSeq2SeqConfig,
 )
 from vaswani.export import export_onnx
-from vaswani.export.validation import QUANTIZED_BOUNDS, QuantizedBounds, validate_onnx_export
+from vaswani.export.validation import validate_onnx_export
+from vaswani.quantization import SCHEMES, QuantizedBounds, scheme_named
 
 OPEN = QuantizedBounds(relative_rms=float("inf"), cosine=-1.0, top1=0.0)
 SMALL = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
@@ -80,12 +82,12 @@ def corrupt(folder: Path, how: str) -> None:
 
 
 def measure(folder: Path, model: torch.nn.Module, quantization: str) -> list[dict]:
-    saved = QUANTIZED_BOUNDS[quantization]
-    QUANTIZED_BOUNDS[quantization] = {"logits": OPEN, "states": OPEN}
+    saved = scheme_named(quantization)
+    SCHEMES[saved.key] = dataclasses.replace(saved, logits_bounds=OPEN, states_bounds=OPEN)
     try:
         report = validate_onnx_export(folder, model, tolerance=float("inf"))
     finally:
-        QUANTIZED_BOUNDS[quantization] = saved
+        SCHEMES[saved.key] = saved
     return [
         {
             "output": f"{row.graph}/{row.output}",

@@ -18,12 +18,12 @@ from onnx_cases import GQA_DECODER  # noqa: E402
 
 from vaswani import VaswaniForCausalLM  # noqa: E402
 from vaswani.export import export_onnx  # noqa: E402
-from vaswani.export import exporter as export_module  # noqa: E402
 from vaswani.export import gqa_rewrite as ort_llm
-from vaswani.quantization.sensitivity import DEFAULT_EIGHT_BIT_BUDGET  # noqa: E402
+from vaswani.export import trace as trace_module  # noqa: E402
+from vaswani.quantization import DEFAULT_EIGHT_BIT_BUDGET  # noqa: E402
 from vaswani.runtime.openvino import chosen_engine  # noqa: E402
 
-EXPORT_LOGGER = "vaswani.export.exporter"
+TRACE_LOGGER = "vaswani.export.trace"
 ATTENTION_LOGGER = "vaswani.export.gqa_rewrite"
 ENGINE_LOGGER = "vaswani.runtime.openvino"
 
@@ -40,9 +40,9 @@ def three_layer_decoder() -> VaswaniForCausalLM:
 def test_a_refused_stamping_is_logged_and_recorded_in_the_manifest(tmp_path, caplog):
     model = three_layer_decoder()
     model.model.layers[2].mlp.act_fn = torch.nn.GELU()  # a layer built differently: stamping is refused
-    caplog.set_level(logging.INFO, logger=EXPORT_LOGGER)
+    caplog.set_level(logging.INFO, logger=TRACE_LOGGER)
     result = export_onnx(model, tmp_path / "out", "text-generation", validate=False)
-    [record] = [record for record in records_of(caplog, EXPORT_LOGGER) if "stamping" in record.getMessage()]
+    [record] = [record for record in records_of(caplog, TRACE_LOGGER) if "stamping" in record.getMessage()]
     assert record.levelno == logging.INFO and "built differently" in record.getMessage()
     [decision] = result.manifest["decisions"]
     assert decision["subject"] == "tracing" and decision["instead_of"] == "stamping"
@@ -53,10 +53,10 @@ def test_a_failed_stamping_is_a_warning_and_recorded_in_the_manifest(tmp_path, c
     def broken_stamper(*args, **kwargs):
         raise RuntimeError("a stamper defect")
 
-    monkeypatch.setattr(export_module, "stamped_graphs", broken_stamper)
-    caplog.set_level(logging.INFO, logger=EXPORT_LOGGER)
+    monkeypatch.setattr(trace_module, "stamped_graphs", broken_stamper)
+    caplog.set_level(logging.INFO, logger=TRACE_LOGGER)
     result = export_onnx(three_layer_decoder(), tmp_path / "out", "text-generation", validate=False)
-    warnings = [record for record in records_of(caplog, EXPORT_LOGGER) if record.levelno == logging.WARNING]
+    warnings = [record for record in records_of(caplog, TRACE_LOGGER) if record.levelno == logging.WARNING]
     assert len(warnings) == 1 and "RuntimeError: a stamper defect" in warnings[0].getMessage()
     [decision] = result.manifest["decisions"]
     assert decision["instead_of"] == "stamping" and decision["why"] == "stamping failed: RuntimeError: a stamper defect"
@@ -64,9 +64,9 @@ def test_a_failed_stamping_is_a_warning_and_recorded_in_the_manifest(tmp_path, c
 
 def test_a_stamped_export_records_no_decision(tmp_path, caplog):
     """The oracle's other side: nothing to say where nothing was chosen."""
-    caplog.set_level(logging.INFO, logger=EXPORT_LOGGER)
+    caplog.set_level(logging.INFO, logger=TRACE_LOGGER)
     result = export_onnx(three_layer_decoder(), tmp_path / "out", "text-generation", validate=False)
-    assert result.manifest["decisions"] == [] and not records_of(caplog, EXPORT_LOGGER)
+    assert result.manifest["decisions"] == [] and not records_of(caplog, TRACE_LOGGER)
 
 
 def test_a_model_the_gqa_kernel_cannot_run_is_logged_and_recorded(tmp_path, caplog):

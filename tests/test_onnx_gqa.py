@@ -14,7 +14,7 @@ pytest.importorskip("onnxscript")  # the exporter's dependency
 
 from onnx_cases import GQA_DECODER  # noqa: E402
 
-from vaswani.export import export_onnx  # noqa: E402
+from vaswani.export import export_onnx, trace_onnx  # noqa: E402
 from vaswani.runtime import OrtModelForCausalLM  # noqa: E402
 from vaswani.runtime.contract import positions_from_mask  # noqa: E402
 
@@ -28,8 +28,8 @@ def model():
 
 @pytest.fixture(scope="module")
 def folders(model, tmp_path_factory):
-    """Each form exported once: GQA fp32 and int8 validated against PyTorch by the export itself, the portable twins
-    (their oracle for quantized logits and for sampling) without validation."""
+    """Each form exported once, all from one trace: GQA fp32 and int8 validated against PyTorch by the export itself,
+    the portable twins (their oracle for quantized logits and for sampling) without validation."""
     root = tmp_path_factory.mktemp("gqa")
     options = {
         "gqa-fp32": {"attention": "gqa"},
@@ -37,7 +37,8 @@ def folders(model, tmp_path_factory):
         "portable-fp32": {"validate": False},
         "portable-int8": {"quantize": "int8", "attention": "portable", "validate": False},
     }
-    results = {name: export_onnx(model, root / name, task="text-generation", **kw) for name, kw in options.items()}
+    with trace_onnx(model, task="text-generation") as traced:
+        results = {name: traced.export(root / name, **kw) for name, kw in options.items()}
     return {name: result.folder for name, result in results.items()}
 
 

@@ -15,13 +15,14 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from vaswani.export.postprocess import (  # noqa: E402
-    _import_quantizer,
+from vaswani.quantization import Quantization  # noqa: E402
+from vaswani.quantization.graph_weights import GraphWeights  # noqa: E402
+from vaswani.quantization.matmul_nbits import (  # noqa: E402
+    algorithm_config,
     fold_biases_into_matmul_nbits,
-    quantization_format,
+    import_quantizer,
     quantize_graph,
 )
-from vaswani.quantization.graph_weights import GraphWeights  # noqa: E402
 from vaswani.runtime.contract import save_graph  # noqa: E402
 
 HIDDEN, WIDE, VOCABULARY = 64, 128, 96
@@ -66,7 +67,7 @@ def tied_head_graph(seed: int = 0) -> onnx.ModelProto:
 def onnx_runtimes_quantization(model: onnx.ModelProto, quantization) -> onnx.ModelProto:
     """The oracle: ONNX Runtime's `MatMulNBitsQuantizer` on the graph loaded whole, the tied head's transpose folded
     into a transposed copy first, the body in `quantization.bits` and the head in `head_bits`, one pass per width."""
-    quantizer_class = _import_quantizer()
+    quantizer_class = import_quantizer()
     graph = model.graph
     embedding = numpy_helper.to_array(next(tensor for tensor in graph.initializer if tensor.name == "embedding"))
     graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(embedding.T), "embedding.transposed"))
@@ -76,7 +77,7 @@ def onnx_runtimes_quantization(model: onnx.ModelProto, quantization) -> onnx.Mod
     passes = [(quantization.bits, {"nodes_to_exclude": ["head_matmul"]})]
     passes.append((quantization.head_bits, {"nodes_to_include": ["head_matmul"]}))
     for bits, nodes in passes:
-        quantizer = quantizer_class(model, algo_config=quantization.algorithm_config(bits), **nodes)
+        quantizer = quantizer_class(model, algo_config=algorithm_config(quantization, bits), **nodes)
         quantizer.process()
         model = quantizer.model.model
     fold_biases_into_matmul_nbits(model)  # as quantize_graph does after quantizing
@@ -90,7 +91,7 @@ def node_description(node: onnx.NodeProto) -> tuple:
 
 @pytest.mark.parametrize("quantize", ["int8", "int4"])
 def test_quantizing_one_weight_at_a_time_builds_onnx_runtimes_graph(tmp_path, quantize):
-    quantization = quantization_format(quantize, method="rtn" if quantize == "int4" else None)
+    quantization = Quantization.of(quantize, method="rtn" if quantize == "int4" else None)
     path = tmp_path / "model.onnx"
     save_graph(tied_head_graph(), path)
     assert numpy_helper.to_array(onnx.load(str(path)).graph.initializer[0]).size  # the weights are in the file
@@ -143,10 +144,11 @@ def test_quantizing_a_graph_holds_a_fraction_of_its_float_weights(tmp_path):
         f"""
         import json, sys
         from pathlib import Path
-        from vaswani.export.postprocess import _import_quantizer, quantization_format, quantize_graph
+        from vaswani.quantization import Quantization
+        from vaswani.quantization.matmul_nbits import import_quantizer, quantize_graph
 
-        _import_quantizer()
-        quantization = quantization_format("int4", method="rtn", eight_bit_budget=0.0)
+        import_quantizer()
+        quantization = Quantization.of("int4", method="rtn", eight_bit_budget=0.0)
         before = int(open("/proc/self/statm").read().split()[1]) * 4096
         quantize_graph(Path({str(path)!r}), quantization)
         # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, from the forked test process.

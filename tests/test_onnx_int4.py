@@ -21,9 +21,8 @@ from vaswani import VaswaniForCausalLM  # noqa: E402
 from vaswani.cli.main import main  # noqa: E402
 from vaswani.data import corpus_text  # noqa: E402
 from vaswani.data.tokenization import corpus_tokenizer  # noqa: E402
-from vaswani.export import export_onnx  # noqa: E402
-from vaswani.export.postprocess import _import_quantizer  # noqa: E402
-from vaswani.quantization import int4, sensitivity  # noqa: E402
+from vaswani.export import export_onnx, trace_onnx  # noqa: E402
+from vaswani.quantization import DEFAULT_EIGHT_BIT_BUDGET, Quantization, int4, sensitivity  # noqa: E402
 from vaswani.quantization.int4 import (  # noqa: E402
     CALIBRATION_TOKENS,
     gptq,
@@ -33,8 +32,8 @@ from vaswani.quantization.int4 import (  # noqa: E402
     search_quantize,
     unpack_matmul_nbits,
 )
+from vaswani.quantization.matmul_nbits import import_quantizer  # noqa: E402
 from vaswani.quantization.sensitivity import (  # noqa: E402
-    DEFAULT_EIGHT_BIT_BUDGET,
     fisher_row_scores,
     recorded_input_mean_squares,
     rounding_error,
@@ -66,7 +65,7 @@ def dequantized(integers, scales, zeros) -> np.ndarray:
 def test_our_packing_is_onnx_runtimes_matmul_nbits_layout(rows):
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, DefaultWeightOnlyQuantizer
 
-    _import_quantizer()
+    import_quantizer()
     weight = np.random.default_rng(0).standard_normal((rows, 5)).astype(np.float32)
     config = DefaultWeightOnlyQuantConfig(block_size=BLOCK, is_symmetric=False, bits=4)
     theirs = DefaultWeightOnlyQuantizer(config).qbits_block_quant(weight)
@@ -83,7 +82,7 @@ def test_symmetric_round_to_nearest_is_onnx_runtimes_symmetric_quantizer(rows):
     each block's largest magnitude on -8 with a signed scale. Ours must store the same bytes."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, DefaultWeightOnlyQuantizer
 
-    _import_quantizer()
+    import_quantizer()
     weight = np.random.default_rng(1).standard_normal((rows, 5)).astype(np.float32)
     config = DefaultWeightOnlyQuantConfig(block_size=BLOCK, is_symmetric=True, bits=4)
     theirs = DefaultWeightOnlyQuantizer(config).qbits_block_quant(weight)
@@ -248,17 +247,16 @@ def trained(tmp_path_factory):
     train_on_corpus(model, windows(corpus_text()[200_000:260_000], tokenizer, length=64, count=64), steps=60)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    exports = {
-        method: export_onnx(folder, folder.parent / method, "text-generation", quantize="int4", int4_method=method)
-        for method in METHODS
-    }
-    exports["search, mlp out 8-bit"] = export_onnx(
-        folder, folder.parent / "mlp8", "text-generation", quantize="int4", int4_mlp_out_bits=8, int4_8bit_budget=0
-    )
-    for budget in (0.0, BUDGET):
-        exports[f"budget {budget}"] = export_onnx(
-            folder, folder.parent / f"budget{budget}", "text-generation", quantize="int4", int4_8bit_budget=budget
+    with trace_onnx(folder, "text-generation") as traced:  # one trace, each int4 form derived from it
+        exports = {method: traced.export(folder.parent / method, quantize=Quantization.of("int4", method=method))
+                   for method in METHODS}  # fmt: skip
+        exports["search, mlp out 8-bit"] = traced.export(
+            folder.parent / "mlp8", quantize=Quantization.of("int4", narrowing_bits=8, eight_bit_budget=0)
         )
+        for budget in (0.0, BUDGET):
+            exports[f"budget {budget}"] = traced.export(
+                folder.parent / f"budget{budget}", quantize=Quantization.of("int4", eight_bit_budget=budget)
+            )
     return model, tokenizer, exports
 
 
@@ -468,7 +466,7 @@ def test_gptq_without_a_tokenizer_names_the_fix_before_any_work(tmp_path):
     model = build_model(VaswaniForCausalLM, tiny_decoder_config(num_hidden_layers=1))
     model.save_pretrained(tmp_path / "model")
     with pytest.raises(ValueError, match="tokenizer files, or use int4_method='search'"):
-        export_onnx(tmp_path / "model", tmp_path / "out", quantize="int4", int4_method="gptq")
+        export_onnx(tmp_path / "model", tmp_path / "out", quantize=Quantization.of("int4", method="gptq"))
     assert not (tmp_path / "out").exists()
 
 
@@ -482,7 +480,7 @@ def test_without_a_tokenizer_the_default_budget_says_so_and_an_explicit_one_is_a
     assert "eight_bit_matmuls" not in options and options["eight_bit_budget"] == 0
     assert {node["bits"] for node in nbits_of(tmp_path / "out")} == {4, 8}  # the body, the head
     with pytest.raises(ValueError, match="tokenizer files, or pass int4_8bit_budget=0"):
-        export_onnx(tmp_path / "model", tmp_path / "out2", quantize="int4", int4_8bit_budget=0.1)
+        export_onnx(tmp_path / "model", tmp_path / "out2", quantize=Quantization.of("int4", eight_bit_budget=0.1))
     assert not (tmp_path / "out2").exists()
 
 
@@ -495,13 +493,13 @@ def test_a_tokenizer_outside_the_model_vocabulary_leaves_the_default_budget_unsp
     export_onnx(tmp_path / "model", tmp_path / "out", quantize="int4", progress=lines.append)
     assert any("outside the model's vocabulary of 64" in line for line in lines)
     with pytest.raises(ValueError, match="outside the model's vocabulary of 64"):
-        export_onnx(tmp_path / "model", tmp_path / "out2", quantize="int4", int4_8bit_budget=0.5)
+        export_onnx(tmp_path / "model", tmp_path / "out2", quantize=Quantization.of("int4", eight_bit_budget=0.5))
 
 
 def test_head_bits_4_gives_an_all_4_bit_graph(tmp_path):
     model = build_model(VaswaniForCausalLM, tiny_decoder_config(num_hidden_layers=1))
     model.save_pretrained(tmp_path / "model")
-    result = export_onnx(tmp_path / "model", tmp_path / "out", quantize="int4", int4_head_bits=4)
+    result = export_onnx(tmp_path / "model", tmp_path / "out", quantize=Quantization.of("int4", head_bits=4))
     assert result.manifest["quantization_options"]["head_bits"] == 4 and result.validation.passed
     nodes = nbits_of(tmp_path / "out")
     assert {node["bits"] for node in nodes} == {4} and any(node["N"] == model.config.vocab_size for node in nodes)
@@ -520,7 +518,7 @@ def test_gptq_calibrates_an_encoder_decoder_with_few_positions(tmp_path):
     model = build_model(VaswaniForConditionalGeneration, config)
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
-    result = export_onnx(tmp_path / "model", tmp_path / "out", quantize="int4", int4_method="gptq")
+    result = export_onnx(tmp_path / "model", tmp_path / "out", quantize=Quantization.of("int4", method="gptq"))
     assert result.validation.passed and config.max_position_embeddings < 256
     # Calibration ran each graph from a probe file beside it, which must not outlive it.
     assert not [path.name for path in (tmp_path / "out").iterdir() if "calibration" in path.name]

@@ -3,11 +3,12 @@
 broken (first, middle or last layer; scales doubled, scaled by a quarter, or zeroed) fails, named, and fails the
 export. The model is deep and at a trained model's scales (SmolLM2-135M's statistics), where error compounding
 through the layers makes the end-to-end bounds loose. End to end, a model that amplifies rounding more than trained
-models do gets bounds from its own response to simulated rounding (`validation.ROUNDING_BITS`).
+models do gets bounds from its own response to simulated rounding (its scheme's `rounding_bits`).
 """
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,15 +19,15 @@ pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
 from vaswani.export import OnnxValidationError, export_onnx  # noqa: E402
-from vaswani.export import exporter as onnx_export  # noqa: E402
-from vaswani.export.postprocess import quantization_format, quantize_graph  # noqa: E402
 from vaswani.export.references import RoundingResponse  # noqa: E402
-from vaswani.export.validation import QUANTIZED_BOUNDS, ROUNDING_MARGIN, widened_bounds  # noqa: E402
+from vaswani.export.validation import ROUNDING_MARGIN, widened_bounds  # noqa: E402
+from vaswani.quantization import SCHEMES, Quantization  # noqa: E402
 from vaswani.quantization.matmul_check import (  # noqa: E402
     MATMUL_BOUNDS,
     quantized_matmul_errors,
     record_graphs,
 )
+from vaswani.quantization.matmul_nbits import quantize_graph  # noqa: E402
 from vaswani.runtime.contract import save_graph  # noqa: E402
 
 SMOLLM2_RECIPE = Path(__file__).resolve().parents[1] / "benchmarks" / "shapes" / "smollm2-135m.json"
@@ -69,7 +70,7 @@ def quantized_graphs(float_export, tmp_path_factory):
     for quantize in ("int8", "int4"):
         copy = tmp_path_factory.mktemp(quantize) / "graph"
         shutil.copytree(folder, copy)
-        quantize_graph(copy / "model.onnx", quantization_format(quantize))
+        quantize_graph(copy / "model.onnx", Quantization.of(quantize))
         graphs[quantize] = copy
     return graphs
 
@@ -125,14 +126,14 @@ def test_one_broken_matrix_fails_by_name_at_any_depth(
 def test_an_export_with_one_broken_matrix_fails_and_writes_nothing(trained_scale_model, tmp_path, monkeypatch):
     """Through `export_onnx`: the middle layer's int8 down projection broken right after quantization (a quarter
     off) stops the export with an error naming that matrix; nothing is written."""
-    quantize = onnx_export.quantize_graph
+    int8 = SCHEMES["int8"]
 
     def quantize_then_break(path, *args, **kwargs):
-        chosen = quantize(path, *args, **kwargs)
+        chosen = int8.graph_pass(path, *args, **kwargs)
         corrupt_one_matrix(Path(path).parent, POSITIONS["middle"], 1.25)
         return chosen
 
-    monkeypatch.setattr(onnx_export, "quantize_graph", quantize_then_break)
+    monkeypatch.setitem(SCHEMES, "int8", replace(int8, graph_pass=quantize_then_break))
     output = tmp_path / "int8"
     with pytest.raises(OnnxValidationError, match=rf"layers\.{POSITIONS['middle']}\.mlp\.down_proj.*relative RMS"):
         export_onnx(trained_scale_model, output, "text-generation", quantize="int8")
@@ -185,12 +186,12 @@ def test_a_model_that_amplifies_rounding_past_the_format_bounds_exports_at_int4(
     report = amplifying_exports["int4"]
     logits = next(row for row in report.rows if row.output == "logits")
     assert report.passed and report.matmuls and all(row.passed for row in report.matmuls)
-    assert logits.relative_rms > QUANTIZED_BOUNDS["int4-weight-only"]["logits"].relative_rms
+    assert logits.relative_rms > SCHEMES["int4"].logits_bounds.relative_rms
     assert "rounding every matrix to nearest in 4 bits (inputs in int8)" in str(report)
 
 
 def test_widened_bounds_are_never_tighter_than_the_formats():
-    static = QUANTIZED_BOUNDS["int8-weight-only"]["logits"]
+    static = SCHEMES["int8"].logits_bounds
     calm = RoundingResponse(8, True, 0.001, 0.99999, 1.0, 0.001, 0.99999)
     assert widened_bounds(static, calm, is_logits=True) == static
     loud = RoundingResponse(8, True, 0.3, 0.95, 0.5, 0.2, 0.98)

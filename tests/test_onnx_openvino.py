@@ -28,8 +28,9 @@ from vaswani.runtime.contract import positions_from_mask
 pytest.importorskip("onnxruntime")
 pytest.importorskip("openvino")
 
-from vaswani.export import OnnxValidationError, export_onnx, validate_onnx_export  # noqa: E402
+from vaswani.export import OnnxValidationError, export_onnx, trace_onnx, validate_onnx_export  # noqa: E402
 from vaswani.export.validation import TOLERANCES, allowed_difference  # noqa: E402
+from vaswani.quantization import Quantization  # noqa: E402
 from vaswani.runtime import OrtModelForCausalLM  # noqa: E402
 from vaswani.runtime.contract import load_manifest  # noqa: E402
 from vaswani.runtime.openvino import (  # noqa: E402
@@ -69,16 +70,15 @@ def exports(llama) -> dict[str, Path]:
         "gqa-int8": {"quantize": "int8"},
         "portable-int8": {"quantize": "int8", "attention": "portable"},
         "portable-int4-float-compute": {
-            "quantize": "int4",
+            "quantize": Quantization.of("int4", accuracy_level=0, eight_bit_budget=0.0),
             "attention": "portable",
-            "accuracy_level": 0,
-            "int4_8bit_budget": 0.0,
         },
     }
-    return {
-        name: export_onnx(folder, folder.parent / name, task="text-generation", validate=False, **options).folder
-        for name, options in forms.items()
-    }
+    with trace_onnx(folder, task="text-generation") as traced:  # one trace, every form derived from it
+        return {
+            name: traced.export(folder.parent / name, validate=False, **options).folder
+            for name, options in forms.items()
+        }
 
 
 def left_padded(batch_lengths: list[int], length: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:

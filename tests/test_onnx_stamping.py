@@ -200,8 +200,8 @@ def test_a_stamped_graph_holds_no_copy_of_the_weights():
     """Until it is saved, a stamped graph's weights are the model's own memory, or made when they are written (the
     transposed MatMul weights, the fused q/k/v and gate/up ones): one at a time, not a second copy of the whole model
     beside it (4 GB for a 1B model). Oracle: numpy's `shares_memory` with the model's parameters."""
-    from vaswani.export.exporter import _export_graphs
     from vaswani.export.formulations import LLM_OPSET
+    from vaswani.export.trace import trace_graphs
     from vaswani.export.wrappers import build_graph_specs
 
     onnx_ir = pytest.importorskip("onnx_ir")
@@ -209,7 +209,7 @@ def test_a_stamped_graph_holds_no_copy_of_the_weights():
     model = build_model(VaswaniForCausalLM, config, "sdpa")
     specs = build_graph_specs(model, "text-generation", torch.float32)
     lines = []
-    graph = _export_graphs(model, "text-generation", specs, torch.float32, "cpu", LLM_OPSET, True, lines.append, [])
+    graph = trace_graphs(model, "text-generation", specs, torch.float32, "cpu", LLM_OPSET, True, lines.append, [])
     assert any(f"stamped to {LAYERS}" in line for line in lines), lines
     parameters = [parameter.detach().numpy() for parameter in model.parameters()]
     weight_bytes = sum(array.nbytes for array in parameters)

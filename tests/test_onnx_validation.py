@@ -21,6 +21,7 @@ from vaswani import VaswaniForCausalLM  # noqa: E402
 from vaswani.cli.main import main  # noqa: E402
 from vaswani.export import OnnxValidationError, export_onnx, formulations, validate_onnx_export, validation  # noqa: E402
 from vaswani.export import exporter as onnx_export  # noqa: E402
+from vaswani.export import trace as export_trace  # noqa: E402
 from vaswani.runtime.contract import save_graph  # noqa: E402
 
 pytest_plugins = ["onnx_cases"]  # the shared `exported` fixture
@@ -49,7 +50,7 @@ def test_cli_exits_1_and_writes_nothing_when_the_graph_is_wrong(exported, tmp_pa
         table.const_value = onnx_ir.tensor(table.const_value.numpy() + noise.astype(np.float32), name=table.name)
         return graph
 
-    monkeypatch.setattr(onnx_export, "export_graph", broken_graph)
+    monkeypatch.setattr(export_trace, "export_graph", broken_graph)
     output = tmp_path / "out"
     assert main(["export", "--model", str(tmp_path / "model"), "--output", str(output)]) == 1
     out, err = capsys.readouterr()
@@ -256,9 +257,9 @@ def test_all_zero_or_halved_logits_fail_the_quantized_bounds(quantization, facto
     """The defect found on main: under the old int4 rule (max abs diff <= 1.0x the output's scale) all-zero logits
     differed by exactly the scale and passed, and halved logits passed too."""
     expected = torch.randn(3, 7, 64, generator=torch.Generator().manual_seed(0)) * 10
-    comparison = validation._Comparison()
+    comparison = validation.Comparison()
     comparison.add("model", "case", "logits", (expected * factor).numpy(), expected, None, None)
-    kind, tolerance = validation.TOLERANCES[quantization]
+    kind, tolerance = validation.tolerance_of(quantization)
     report = comparison.report(tolerance, kind, "CPUExecutionProvider", depth=2, quantization=quantization)
     assert not report.passed and "relative RMS error" in report.rows[0].problems[0]
 

@@ -152,7 +152,7 @@ def test_two_int4_exports_in_two_threads_both_validate_on_the_callers_torch_thre
     import torch
 
     from vaswani.export import export_onnx
-    from vaswani.quantization import int4
+    from vaswani.quantization import Quantization, int4
 
     search, seen, together = int4.search_quantize, [], threading.Barrier(2, timeout=120)
 
@@ -169,7 +169,7 @@ def test_two_int4_exports_in_two_threads_both_validate_on_the_callers_torch_thre
 
     def export(name: str) -> None:
         try:
-            options = dict(quantize="int4", int4_method="search", int4_8bit_budget=0.0)
+            options = dict(quantize=Quantization.of("int4", method="search", eight_bit_budget=0.0))
             results[name] = export_onnx(tmp_path / "model", tmp_path / name, "text-generation", **options)
         except BaseException as error:  # reported by the test below, not lost in the thread
             errors.append(error)

@@ -19,7 +19,7 @@ from serving_cases import QUESTIONS, serving, tiny_chat_tokenizer, tiny_gqa_chat
 pytest.importorskip("fastapi")
 
 from vaswani.cli.main import main as vaswani  # noqa: E402
-from vaswani.export import export_onnx  # noqa: E402
+from vaswani.export import trace_onnx  # noqa: E402
 from vaswani.runtime import OrtModelForCausalLM, default_session_options  # noqa: E402
 from vaswani.serving import SamplingParams, create_app, load_service  # noqa: E402
 from vaswani.serving.batches import GqaBatch, GqaStepModel, step_model  # noqa: E402
@@ -42,9 +42,10 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, tokenizer):
-    """folder(form): the tiny chat model exported in that form, validated against PyTorch; each form once."""
+    """folder(form): the tiny chat model exported in that form, validated against PyTorch; each form once, the
+    library's forms from one trace."""
     root = tmp_path_factory.mktemp("forms")
-    source, folders = tiny_gqa_chat_folder(root, tokenizer), {}
+    source, folders, traces = tiny_gqa_chat_folder(root, tokenizer), {}, []
 
     def folder(form: str):
         if form not in folders:
@@ -54,11 +55,15 @@ def exported(tmp_path_factory, tokenizer):
                 command = ["export", "--model", str(source), "--task", "text-generation", "--quantize", "int8"]
                 assert vaswani([*command, "--output", str(output)]) == 0
             else:
-                export_onnx(source, output, task="text-generation", validate=True, **how)
+                if not traces:
+                    traces.append(trace_onnx(source, task="text-generation"))
+                traces[0].export(output, validate=True, **how)
             folders[form] = output
         return folders[form]
 
-    return folder
+    yield folder
+    for traced in traces:
+        traced.close()
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 import argparse
 import sys
 
+from ..quantization.scheme import Quantization, add_quantization_arguments
 from .options import add_device_argument, stage_progress
 
 # Ends the process as soon as the command has finished, without the interpreter's teardown (`main.exit_now`).
@@ -41,54 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32", help="weights and activations (fp32)")
     add_device_argument(parser, "trace and validate on")
     parser.add_argument("--optimize", action="store_true", help="save the graphs after ONNX Runtime's fusions")
-    parser.add_argument(
-        "--quantize",
-        choices=("int8", "int4"),
-        help="weight-only block-wise quantization for CPU, from fp32 (int8: within 1%% of fp32 perplexity on trained "
-        "models; int4: smaller and faster, lossier); the LM head stays 8-bit",
-    )
-    parser.add_argument("--block-size", type=int, help="weights per quantization block (default 32)")
-    parser.add_argument(
-        "--int4-method",
-        choices=("search", "gptq", "rtn"),
-        help="how int4 weights are chosen, all in the same layout and speed: search (default: each block's scale and "
-        "zero point searched for the smallest error), rtn (round to nearest from the block's range), or gptq "
-        "(calibrated on the package's corpus)",
-    )
-    parser.add_argument(
-        "--accuracy-level",
-        type=int,
-        choices=(0, 1, 4),
-        help="quantized matmuls compute in int8 (4, default, fastest) or float32 (0 or 1)",
-    )
-    parser.add_argument(
-        "--int4-mlp-out-bits",
-        type=int,
-        choices=(4, 8),
-        help="bits of the MLP output projections (down_proj, fc2) of an int4 export: 8 keeps these most sensitive "
-        "matrices in 8 bits, like the LM head, for some size and speed",
-    )
-    parser.add_argument(
-        "--int4-8bit-budget",
-        type=float,
-        metavar="FRACTION",
-        help="int4: bytes that 8-bit copies of the matrices most sensitive to rounding may add, as a fraction of the "
-        "4-bit weights (default 0.3; ranked by Fisher-weighted rounding error on the package's corpus, which needs the "
-        "model's tokenizer; 0: every body matrix in 4 bits)",
-    )
-    parser.add_argument(
-        "--int4-head-bits",
-        type=int,
-        choices=(4, 8),
-        help="int4: bits of the LM head (default 8; 4 is onnxruntime-genai's layout, smaller and lossier)",
-    )
-    parser.add_argument(
-        "--int4-symmetric",
-        action="store_true",
-        default=None,
-        help="int4: the speed-first layout, one scale per block and no zero points (MatMulNBits' faster kernels; "
-        "higher perplexity than the default's scale and zero point per block)",
-    )
+    add_quantization_arguments(parser)  # --quantize and each scheme's options (vaswani.quantization.SCHEMES)
     parser.add_argument(
         "--attention",
         choices=("auto", "gqa", "portable"),
@@ -123,9 +77,10 @@ def run(args: argparse.Namespace) -> int:
     from ..export import OnnxValidationError, export_onnx
     from ..runtime.loading import set_command_threads
 
-    if args.quantize == "int4" and args.device == "cpu":
-        set_command_threads("small-ops")
     try:
+        quantization = Quantization.from_cli(args)
+        if quantization is not None and args.device == "cpu":
+            set_command_threads(quantization.scheme.export_torch_work)  # what the scheme's graph pass runs fastest on
         result = export_onnx(
             args.model,
             args.output,
@@ -133,14 +88,7 @@ def run(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             device=args.device,
             optimize=args.optimize,
-            quantize=args.quantize,
-            block_size=args.block_size,
-            accuracy_level=args.accuracy_level,
-            int4_method=args.int4_method,
-            int4_mlp_out_bits=args.int4_mlp_out_bits,
-            int4_8bit_budget=args.int4_8bit_budget,
-            int4_head_bits=args.int4_head_bits,
-            int4_symmetric=args.int4_symmetric,
+            quantize=quantization,
             attention=args.attention,
             overwrite=args.overwrite,
             tolerance=args.tolerance,

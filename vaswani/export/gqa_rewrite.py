@@ -80,12 +80,12 @@ def gqa_form_refusal(model: PreTrainedModel, task: str, dtype: str, device: str)
     return None
 
 
-def attention_form_plan(attention: str, quantize: str | None, optimize: bool) -> bool:
+def attention_form_plan(attention: str, quantized: bool, optimize: bool) -> bool:
     """Whether an export asked for `attention` tries the GroupQueryAttention form: "gqa" always, "auto" for quantized
     and optimized exports (ONNX Runtime-only graphs already), "portable" never."""
     if attention not in ATTENTION_FORMS:
         raise ValueError(f"attention={attention!r} is not supported; use one of {list(ATTENTION_FORMS)}.")
-    return attention == FORM_GQA or (attention == "auto" and (quantize is not None or optimize))
+    return attention == FORM_GQA or (attention == "auto" and (quantized or optimize))
 
 
 def rewrite_decoder_attention(

@@ -1,4 +1,4 @@
-"""How the 4-bit weights of an int4 export are chosen (`INT4_METHODS` in postprocess.py). Every method stores the
+"""How the 4-bit weights of an int4 export are chosen (`INT4_METHODS` in scheme.py). Every method stores the
 same `MatMulNBits` nodes as ONNX Runtime's round to nearest (RTN): 4-bit integers, one float scale and one 4-bit zero
 point per block of `block_size` input rows and output column, so size and decode speed do not depend on the method.
 

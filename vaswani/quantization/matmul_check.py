@@ -26,15 +26,7 @@ import torch
 
 from ..runtime.contract import load_manifest
 from .graph_weights import GraphWeights
-
-# The largest relative RMS error (RMS of the difference over RMS of the float MatMul's output, over every recorded
-# token) of one MatMulNBits node fed the float graph's own input, by its `bits`. Rounding to a grid of 2**bits levels
-# per block of 32 input rows moves each weight by up to half a step, a step being the block's range over
-# 2**bits - 1: an expected relative error near range / (2**bits - 1) / sqrt(12) / RMS(weights), with ranges of ~5 RMS
-# for Gaussian-like blocks ~0.006 at 8 bits and ~0.1 at 4 bits; the int8 activations of `accuracy_level` 4 add a
-# little. Measured worst matrices of honest exports and mildest broken ones: docs/results/matmul_validation.md
-# (benchmarks/matmul_bounds.py). The bounds sit between them, with room for trained weights' outlier blocks.
-MATMUL_BOUNDS = {8: 0.05, 4: 0.35}
+from .schemes import MATMUL_BOUNDS  # each matrix's bound by its bits, where a scheme gives none
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Which weight matrices of an int4 export to keep in 8 bits: the ones whose 4-bit rounding costs the model most,
-within a byte budget (`export_onnx(..., int4_8bit_budget=0.3)`, the default of `quantize="int4"`).
+within a byte budget (`Quantization.eight_bit_budget`, 0.3 by default for `quantize="int4"`).
 
 A matrix's cost is its Fisher-weighted rounding error, sum over its weights of F_i * (w_i - q(w_i))^2, where F is
 the diagonal Fisher information of the model's own predictions: labels are sampled from the model's softmax, so the
@@ -36,8 +36,6 @@ from .int4 import calibration_windows, row_key
 SCORING_TOKENS = 1024
 SCORING_WINDOW = 128
 SCORING_SLICE_ELEMENTS = 2**17  # weights per slice when the scores are summed
-# The default budget: a fraction of the 4-bit weights' bytes spent on 8-bit copies of the most sensitive matrices.
-DEFAULT_EIGHT_BIT_BUDGET = 0.3
 
 logger = logging.getLogger(__name__)
 
