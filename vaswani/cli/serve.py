@@ -133,8 +133,9 @@ def run(args: argparse.Namespace) -> int:
         max_waiting=args.max_waiting,
         prefill_chunk=args.prefill_chunk,
     )
-    if args.engine == "openvino" and (args.ray or args.backend != "onnx"):
-        print("error: --engine openvino serves an ONNX export without --ray (--backend onnx).", file=sys.stderr)
+    # Ray's replicas and the PyTorch backend run ONNX Runtime or PyTorch only; "auto" falls back to ONNX Runtime there.
+    if args.engine not in ("onnxruntime", "auto") and (args.ray or args.backend != "onnx"):
+        print(f"error: --engine {args.engine} serves an ONNX export without --ray (--backend onnx).", file=sys.stderr)
         return 2
     if args.engine != "onnxruntime" and not args.ray and args.backend == "onnx":
         options.update(engine=args.engine, openvino_precision=args.openvino_precision)
