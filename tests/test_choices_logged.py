@@ -21,11 +21,11 @@ from vaswani.export import export_onnx  # noqa: E402
 from vaswani.export import gqa_rewrite as ort_llm
 from vaswani.export import trace as trace_module  # noqa: E402
 from vaswani.quantization import DEFAULT_EIGHT_BIT_BUDGET  # noqa: E402
-from vaswani.runtime.openvino import chosen_engine  # noqa: E402
+from vaswani.runtime.decoders import chosen_engine  # noqa: E402
 
 TRACE_LOGGER = "vaswani.export.trace"
 ATTENTION_LOGGER = "vaswani.export.gqa_rewrite"
-ENGINE_LOGGER = "vaswani.runtime.openvino"
+ENGINE_LOGGER = "vaswani.runtime.decoders"
 
 
 def records_of(caplog: pytest.LogCaptureFixture, logger: str) -> list[logging.LogRecord]:

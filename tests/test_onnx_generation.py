@@ -42,8 +42,19 @@ from vaswani import VaswaniForCausalLM  # noqa: E402
 from vaswani.export import export_onnx  # noqa: E402
 from vaswani.modeling import cache_keyword  # noqa: E402
 from vaswani.modeling.layers import positions_from_mask  # noqa: E402
-from vaswani.runtime import OrtModelForCausalLM, OrtModelForSeq2SeqLM, default_session_options, generation, lean_steps  # noqa: E402  # noqa: E402
+from vaswani.runtime import (  # noqa: E402  # noqa: E402  # noqa: E402
+    OrtModelForCausalLM,
+    OrtModelForSeq2SeqLM,
+    decoders,
+    default_session_options,
+    generation,
+    held_cache,
+    lean_steps,
+)
 from vaswani.runtime import gqa as gqa_runtime  # noqa: E402
+from vaswani.runtime.decoders import gqa as gqa_decoder_runtime  # noqa: E402
+from vaswani.runtime.decoders import openvino as openvino_decoder_runtime  # noqa: E402
+from vaswani.runtime.decoders import portable as portable_decoder_runtime  # noqa: E402
 from vaswani.runtime.generation import OrtModelForGeneration  # noqa: E402
 
 pytest_plugins = ["onnx_cases"]  # the shared `tokenizer`, `exports` and `load` fixtures
@@ -595,7 +606,8 @@ def test_no_private_generation_method_is_overridden_or_read():
     public GenerationConfig fields), not `_sample`, `_expand_inputs_for_generation` or `_pad_token_tensor`."""
     for ort_class in (OrtModelForGeneration, OrtModelForCausalLM, OrtModelForSeq2SeqLM):
         assert not {"_sample", "_expand_inputs_for_generation", "_prepare_special_tokens"} & set(vars(ort_class))
-    for module in (generation, gqa_runtime, lean_steps):
+    runtimes = (decoders, portable_decoder_runtime, gqa_decoder_runtime, openvino_decoder_runtime)
+    for module in (generation, gqa_runtime, held_cache, lean_steps, *runtimes):
         source = inspect.getsource(module)
         for private in ("_pad_token_tensor", "_sample", "_expand_inputs_for_generation", "_prepare_special_tokens"):
             assert not re.search(rf"\b{private}\b", source), (module.__name__, private)

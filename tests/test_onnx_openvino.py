@@ -33,13 +33,9 @@ from vaswani.export.validation import TOLERANCES, allowed_difference  # noqa: E4
 from vaswani.quantization import Quantization  # noqa: E402
 from vaswani.runtime import OrtModelForCausalLM  # noqa: E402
 from vaswani.runtime.contract import load_manifest  # noqa: E402
-from vaswani.runtime.openvino import (  # noqa: E402
-    OpenVinoSession,
-    chosen_engine,
-    openvino_precision,
-    route_description,
-)
-from vaswani.serving.batches import OpenVinoStepModel, step_model  # noqa: E402
+from vaswani.runtime.decoders import chosen_engine  # noqa: E402
+from vaswani.runtime.decoders.openvino import OpenVinoRuntime, OpenVinoStepModel  # noqa: E402
+from vaswani.runtime.openvino import OpenVinoSession, openvino_precision, route_description  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +90,11 @@ def left_padded(batch_lengths: list[int], length: int, vocab: int) -> tuple[torc
 class CallCounter:
     """Wraps a session's `run`, counting the calls (which engine ran what)."""
 
+    @classmethod
+    def both(cls, model) -> tuple["CallCounter", "CallCounter"]:
+        """Counters of OpenVINO's stateless runs (prompts) and ONNX Runtime's session's runs (one-token steps)."""
+        return cls(model.decoder_runtime.openvino), cls(model.graphs["model"].session)
+
     def __init__(self, session):
         self.calls, self.run_inner = 0, session.run
         session.run = self
@@ -110,10 +111,11 @@ def test_openvino_prompt_logits_match_transformers_llama(precision, llama, expor
     bfloat16 error, measured against its float32 logits)."""
     reference, _ = llama
     model = OrtModelForCausalLM.from_pretrained(exports["portable"], engine="openvino", openvino_precision=precision)
-    prompt_runs = CallCounter(model.graphs["model"].session.prompt_session)
+    prompt_runs, _ = CallCounter.both(model)
     ids, mask = left_padded([9, 5, 2], 9, reference.config.vocab_size)
     actual = model(ids, attention_mask=mask).logits
     assert prompt_runs.calls == 1 and model.provider == f"OpenVINO ({precision})"
+    assert isinstance(model.decoder_runtime, OpenVinoRuntime)
     positions = positions_from_mask(mask)
     with torch.no_grad():
         expected = reference(input_ids=ids, attention_mask=mask, position_ids=positions).logits
@@ -139,8 +141,7 @@ def test_greedy_generate_with_openvino_prompts_continues_in_onnxruntime_at_one_r
     ids = torch.randint(3, 60, (1, 7), generator=torch.Generator().manual_seed(2))
     options = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
     routed = OrtModelForCausalLM.from_pretrained(exports["portable-int8"], engine="openvino", openvino_precision="f32")
-    session = routed.graphs["model"].session
-    prompt_runs, step_runs = CallCounter(session.prompt_session), CallCounter(session.step_session)
+    prompt_runs, step_runs = CallCounter.both(routed)
     tokens = routed.generate(ids, **options)
     assert (prompt_runs.calls, step_runs.calls) == (1, 7)  # the prompt in OpenVINO, the 7 later tokens' steps in ORT
     alone = OrtModelForCausalLM.from_pretrained(exports["portable-int8"]).generate(ids, **options)
@@ -156,8 +157,7 @@ def test_generate_runs_every_step_in_stateful_openvino_and_matches_transformers(
     ids, mask = left_padded([7, 4, 1], 7, reference.config.vocab_size)
     options = dict(attention_mask=mask, max_new_tokens=9, do_sample=do_sample, pad_token_id=0, top_k=5)
     model = OrtModelForCausalLM.from_pretrained(exports["portable"], engine="openvino", openvino_precision="f32")
-    session = model.graphs["model"].session
-    prompt_runs, step_runs = CallCounter(session.prompt_session), CallCounter(session.step_session)
+    prompt_runs, step_runs = CallCounter.both(model)
     torch.manual_seed(3)
     tokens = model.generate(ids, **options)
     assert (prompt_runs.calls, step_runs.calls) == (0, 0)  # neither the route's prompt calls nor its steps
@@ -191,7 +191,7 @@ def test_beam_search_with_openvino_runs_through_the_route(exports):
     ids = torch.randint(3, 60, (1, 5), generator=torch.Generator().manual_seed(4))
     options = dict(max_new_tokens=6, num_beams=3, do_sample=False, pad_token_id=0)
     model = OrtModelForCausalLM.from_pretrained(exports["portable"], engine="openvino", openvino_precision="f32")
-    prompt_runs = CallCounter(model.graphs["model"].session.prompt_session)
+    prompt_runs, _ = CallCounter.both(model)
     tokens = model.generate(ids, **options)
     assert prompt_runs.calls == 1
     assert torch.equal(tokens, OrtModelForCausalLM.from_pretrained(exports["portable"]).generate(ids, **options))
@@ -317,7 +317,7 @@ def test_openvino_takes_onnxruntimes_thread_count_and_the_precision_asked(thread
     model = OrtModelForCausalLM.from_pretrained(
         exports["portable"], session_options=options, engine="openvino", openvino_precision="bf16"
     )
-    compiled = model.graphs["model"].session.prompt_session.compiled
+    compiled = model.decoder_runtime.openvino.compiled
     assert compiled.get_property("INFERENCE_NUM_THREADS") == threads
     if openvino_precision("auto") == "bf16":  # elsewhere OpenVINO may run the bf16 hint in f32
         assert "bfloat16" in str(compiled.get_property("INFERENCE_PRECISION_HINT"))
@@ -428,9 +428,9 @@ def test_openvino_batch_rows_join_and_leave_as_pytorch_computes_the_graphs_weigh
 
         monkeypatch.setattr(openvino.Core, "compile_model", without_int8_activations)
     model = OrtModelForCausalLM.from_pretrained(exports[export], engine="openvino", openvino_precision="f32")
-    step = step_model(model)
+    step = model.decoder_runtime.step_model()
     assert isinstance(step, OpenVinoStepModel)
-    step_runs = CallCounter(model.graphs["model"].session.step_session)
+    _, step_runs = CallCounter.both(model)
     batch = step.new_batch()
     generator = torch.Generator().manual_seed(5)
     lengths = {"a": 5, "b": 9, "c": 3}

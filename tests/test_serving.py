@@ -17,8 +17,8 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 from vaswani.runtime import OrtModelForCausalLM, default_session_options  # noqa: E402
+from vaswani.runtime.decoders.portable import OrtStepModel  # noqa: E402
 from vaswani.serving import SamplingParams, create_app, load_service  # noqa: E402
-from vaswani.serving.batches import OrtStepModel  # noqa: E402
 from vaswani.serving.scheduler import Scheduler  # noqa: E402
 from vaswani.serving.text import TextStream  # noqa: E402
 

@@ -21,8 +21,8 @@ pytest.importorskip("fastapi")
 from vaswani.cli.main import main as vaswani  # noqa: E402
 from vaswani.export import trace_onnx  # noqa: E402
 from vaswani.runtime import OrtModelForCausalLM, default_session_options  # noqa: E402
+from vaswani.runtime.decoders.gqa import GqaBatch, GqaStepModel  # noqa: E402
 from vaswani.serving import SamplingParams, create_app, load_service  # noqa: E402
-from vaswani.serving.batches import GqaBatch, GqaStepModel, step_model  # noqa: E402
 from vaswani.serving.scheduler import Scheduler  # noqa: E402
 
 MODEL = "tiny-gqa-chat"
@@ -143,7 +143,7 @@ def test_gqa_batch_rows_join_mid_stream_leave_early_and_grow_its_buffers_as_gene
     longest first, so a chunk never feeds a row zero tokens) and two of them join (the third, say, finished at its
     first token); the first row leaves, the last row moves into its slot; the buffers' capacity doubles three times. Every row's tokens equal offline greedy `generate` on its prompt alone."""
     model = offline("int8")
-    step = step_model(model)
+    step = model.decoder_runtime.step_model()
     assert isinstance(step, GqaStepModel)
     batch = step.new_batch()
     prompts = {name: chat_prompt(tokenizer, QUESTIONS[i]) for name, i in (("a", 0), ("b", 1), ("c", 5), ("d", 4))}
@@ -191,7 +191,7 @@ class RecordingGqaStepModel(GqaStepModel):
     """The step model, recording (rows, columns) of every prefill call and (rows, capacity) of every decoding step."""
 
     def __init__(self, model):
-        super().__init__(model)
+        super().__init__(model, model.decoder_runtime.decoder)
         self.prefills, self.steps = [], []
         run = self.decoder.run
 
@@ -199,7 +199,7 @@ class RecordingGqaStepModel(GqaStepModel):
             self.prefills.append(tuple(input_ids.shape))
             return run(input_ids, *args)
 
-        self.decoder = type(self.decoder)(model.gqa.session, model.manifest, model.gqa.max_positions)
+        self.decoder = type(self.decoder)(self.decoder.session, model.manifest, self.decoder.max_positions)
         self.decoder.run = recorded
 
     def new_batch(self):
@@ -291,7 +291,7 @@ def served_tokens(model: OrtModelForCausalLM, requests: list[tuple[list[int], Sa
 
         return emit
 
-    engine = Scheduler(step_model(model), max_batch=4)
+    engine = Scheduler(model.decoder_runtime.step_model(), max_batch=4)
     for index, (prompt, params) in enumerate(requests):
         engine.submit(prompt, params, emitter(index))
     engine.start()

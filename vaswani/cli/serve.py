@@ -200,18 +200,14 @@ def serving_line(service, args: argparse.Namespace) -> str:
 
     folder = resolve_folder(args.folder)
     form = f"{args.backend} on {args.device}"
-    model = getattr(service, "model", None) or getattr(getattr(service, "scheduler", None), "model", None)
-    provider = getattr(getattr(model, "model", model), "provider", "")  # a step model holds the OrtModel
-    if provider.startswith("OpenVINO"):  # --engine openvino (or auto, where it chose it)
-        from ..runtime.openvino import route_description
-
-        form += f", {route_description(provider)}"
     manifest = folder / "manifest.json"
     if args.backend == "onnx" and manifest.is_file():
         described = json.loads(manifest.read_text())
         form += f", {described.get('task')}, {described.get('dtype', 'fp32')}"
         form += f", {described.get('quantization') or 'not quantized'}"
         form += f", {described.get('attention_form', 'portable')} attention"
+    if service.description:  # what runs where: the decoder runtime's own line (`DecoderRuntime.description`)
+        form += f", {service.description}"
     threads = args.threads or len(os.sched_getaffinity(0))
     scheme = "https" if args.ssl_certfile else "http"
     host = f"[{args.host}]" if ":" in args.host else args.host

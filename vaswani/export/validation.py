@@ -16,15 +16,9 @@ from ..modeling import cache_of
 from ..quantization import scheme_named
 from ..quantization.matmul_check import MatMulErrorRow
 from ..runtime.contract import PAST_PLUS_SEQUENCE, load_manifest, padded_mask
+from ..runtime.decoders import check_engine, chosen_engine
 from ..runtime.gqa import GqaValidationRunner, is_gqa_form
-from ..runtime.openvino import (
-    PROVIDER_NAME,
-    OpenVinoDecoder,
-    OpenVinoSession,
-    check_engine,
-    chosen_engine,
-    refuse_unreadable_form,
-)
+from ..runtime.openvino import PROVIDER_NAME, OpenVinoDecoder, OpenVinoSession, refuse_unreadable_form
 from ..runtime.openvino import openvino_precision as resolve_openvino_precision
 from ..runtime.session import PROVIDERS, cuda_provider_options
 from .references import PyTorchReferences, named_cache, on_device, pytorch_references, random_ids

@@ -41,6 +41,12 @@ FORMAT, FORMAT_VERSION = "vaswani-onnx", 2
 # GroupQueryAttention with an in-place KV buffer (written by `export.gqa_rewrite`).
 FORM_GQA, FORM_PORTABLE = "gqa", "portable"
 
+
+def is_gqa_form(manifest: dict) -> bool:
+    """Whether an export's decoder graph is the GroupQueryAttention form (older manifests name no form: portable)."""
+    return manifest.get("attention_form") == FORM_GQA
+
+
 # The manifest's `dtype` values.
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 

@@ -28,11 +28,10 @@ from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPas
 from ..modeling import cache_keyword, cache_of
 from ..modeling.pretrained import merge_cache_arguments, takes_the_cache_under_its_old_name
 from .contract import positions_from_mask
-from .gqa import GqaDecoder, held_cache_sample, is_gqa_form
+from .decoders import DecoderRuntime, LoadRequest, choose_decoder_runtime
 from .lean_steps import Step, lean_loop_fits, sample_tokens
 from .models import OrtModel, check_unsupported_arguments
-from .openvino import OpenVinoDecoder, RoutedSession
-from .session import TENSOR_DTYPES, OrtGraph
+from .session import TENSOR_DTYPES, DecodingGraph, OrtGraph, checked_mask, logits_positions
 
 
 class KVBuffers:
@@ -103,6 +102,7 @@ class OrtModelForGeneration(OrtModel, GenerationMixin):
         self.past_names = [f"past_key_values.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
         self.present_names = [f"present.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
         self.cache_dtype = TENSOR_DTYPES[graph.inputs[self.past_names[0]]["dtype"]][1]
+        self.decoding = DecodingGraph(graph, self.past_names, self.present_names)
         self.kv_buffers: weakref.WeakKeyDictionary[Cache, KVBuffers] = weakref.WeakKeyDictionary()
 
     def generate(
@@ -152,30 +152,24 @@ class OrtModelForGeneration(OrtModel, GenerationMixin):
             buffers = self.kv_buffers[cache] = self.new_kv_buffers(batch, max(2 * length, 64))
         return buffers
 
+    @property
+    def graph_runner(self) -> Any:
+        """What runs the decoding graph's calls with the cache tensors (`run`, `run_arrays`): the graph itself here; a
+        causal LM's decoder runtime."""
+        return self.decoding
+
     def run_decoding_graph(
         self, inputs: dict[str, torch.Tensor], past: list[torch.Tensor], buffers: KVBuffers | None
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """One call of the decoding graph: logits (batch, sequence, vocab) and the present cache tensors."""
-        graph = self.graphs[self.decoding_graph]
-        feeds = {**inputs, **dict(zip(self.past_names, past))}
-        output_buffers = None
-        if buffers is not None:
-            length = past[0].shape[2] + inputs["input_ids"].shape[1]
-            output_buffers = dict(zip(self.present_names, buffers.present_views(past[0], length)))
-        outputs = graph.run(feeds, output_buffers)
-        return outputs["logits"], [outputs[name] for name in self.present_names]
+        return self.graph_runner.run(inputs, past, buffers)
 
     def run_step_arrays(
         self, inputs: dict[str, torch.Tensor], past: list[np.ndarray]
     ) -> tuple[torch.Tensor, list[np.ndarray]]:
         """`run_decoding_graph` for the lean loop on the CPU without IO binding, with the cache as numpy arrays in and
-        out: the 2 x layers cache tensors skip the torch round trip of every step (0.2 ms a token on a 30-layer
-        model). `inputs` are the prepared, contiguous CPU tensors."""
-        graph = self.graphs[self.decoding_graph]
-        feeds = {name: tensor.numpy() for name, tensor in inputs.items()}
-        feeds.update(zip(self.past_names, past))
-        outputs = dict(zip(graph.output_names, graph.session.run(graph.output_names, feeds)))
-        return torch.from_numpy(outputs["logits"]), [outputs[name] for name in self.present_names]
+        out (`session.DecodingGraph.run_arrays`). `inputs` are the prepared, contiguous CPU tensors."""
+        return self.graph_runner.run_arrays(inputs, past)
 
     # -- the lean loop
 
@@ -260,6 +254,9 @@ class OrtModelForGeneration(OrtModel, GenerationMixin):
 class OrtModelForCausalLM(OrtModelForGeneration):
     """An exported `VaswaniForCausalLM` (task "text-generation") with transformers' `generate()`.
 
+    What runs the graph is `decoder_runtime` (`vaswani.runtime.decoders`), chosen once by `from_pretrained` from the
+    `engine` asked for and the export's form: `forward`, the lean loop and the server's batch all go through it.
+
     Example:
         >>> from transformers import AutoTokenizer
         >>> model = OrtModelForCausalLM.from_pretrained("exported")
@@ -270,18 +267,20 @@ class OrtModelForCausalLM(OrtModelForGeneration):
 
     tasks = ("text-generation",)
     decoding_graph = "model"
-    gqa: GqaDecoder | None = None
+    # How this export runs (`decoders.DecoderRuntime`: portable, gqa, openvino, ...), chosen once by `from_pretrained`.
+    decoder_runtime: DecoderRuntime
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if is_gqa_form(self.manifest):
-            # The ONNX Runtime-only form (ort_llm.py): one in-place KV buffer per cache tensor, driven by lengths.
-            if self.device.type != "cpu":
-                raise ValueError(
-                    f"{self.folder} holds the CPU GroupQueryAttention form of the decoder; run it on the CPU, or export "
-                    f"with --attention portable for {self.device.type}."
-                )
-            self.gqa = GqaDecoder(self.graphs["model"].session, self.manifest, self.config.max_position_embeddings)
+    @classmethod
+    def runtime_for(cls, engine: str, request: LoadRequest) -> type[DecoderRuntime]:
+        return choose_decoder_runtime(engine, request)
+
+    @property
+    def graph_runner(self) -> DecoderRuntime:
+        return self.decoder_runtime
+
+    @property
+    def provider(self) -> str:
+        return self.decoder_runtime.provider
 
     @takes_the_cache_under_its_old_name
     def forward(
@@ -311,15 +310,8 @@ class OrtModelForCausalLM(OrtModelForGeneration):
         past = cache_tensors(cache) or self.empty_past(input_ids.shape[0])
         if cache is None and use_cache:
             cache = DynamicCache()
-        if self.gqa is not None:
-            total = past[0].shape[2] + input_ids.shape[1]
-            mask = torch.as_tensor(checked_mask(attention_mask, input_ids.shape[0], total, self.device))
-            positions = logits_positions(logits_to_keep, input_ids.shape[1])
-            logits, present = self.gqa.forward_hf(input_ids, mask, position_ids, past, positions)
-        else:
-            inputs = self.decoder_inputs(input_ids, attention_mask, position_ids, past, logits_to_keep)
-            buffers = self.kv_buffers_for(cache, *inputs["attention_mask"].shape) if use_cache else None
-            logits, present = self.run_decoding_graph(inputs, [inputs.pop(name) for name in self.past_names], buffers)
+        arguments = (input_ids, attention_mask, position_ids, past, logits_to_keep, cache if use_cache else None)
+        logits, present = self.decoder_runtime.forward(*arguments)
         if use_cache:
             store_in_cache(cache, present)
         output = CausalLMOutputWithPast(logits=logits, **cache_keyword(cache if use_cache else None))
@@ -348,29 +340,19 @@ class OrtModelForCausalLM(OrtModelForGeneration):
         return graph.prepare(values)
 
     def lean_sample(self, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
-        """As `OrtModelForGeneration.lean_sample`; the GroupQueryAttention form, and `engine="openvino"` where OpenVINO
-        runs every step (`OpenVinoDecoder.serves`), have a loop of their own (`held_cache_sample`, the cache held for
-        the whole call), with `forward_step` for the prompts it cannot start from."""
+        """As `OrtModelForGeneration.lean_sample`, where the decoder runtime has no loop of its own for the call
+        (`DecoderRuntime.sample`: the GroupQueryAttention form's, and OpenVINO's where it runs every step, hold the
+        cache for the whole call); `forward_step` for the prompts neither can start from."""
         loop = (logits_processor, stopping_criteria, generation_config)
-        decoder = self.gqa
-        if decoder is None and OpenVinoDecoder.serves(self.manifest, input_ids.shape[0]):
-            decoder = self.openvino_decoder()
-        if decoder is not None:
-            mask, positions = model_kwargs.get("attention_mask"), model_kwargs.get("position_ids")
-            tokens = held_cache_sample(decoder, input_ids, mask, positions, *loop)
-            if tokens is not None:
-                return tokens
+        mask, positions = model_kwargs.get("attention_mask"), model_kwargs.get("position_ids")
+        tokens = self.decoder_runtime.sample(input_ids, mask, positions, *loop)
+        if tokens is not None:
+            return tokens
         return super().lean_sample(input_ids, *loop, **model_kwargs)
 
-    def openvino_decoder(self) -> OpenVinoDecoder | None:
-        """With `engine="openvino"`, the graph OpenVINO compiled stateful (the route's prompt engine), which `generate`
-        and the server also run decode steps in; else None."""
-        session = self.graphs["model"].session
-        return session.prompt_session if isinstance(session, RoutedSession) else None
-
     def fast_loop_inputs(self, input_ids: torch.Tensor, model_kwargs: dict):
-        if self.gqa is not None:
-            return None  # `held_cache_sample` declined these inputs: `forward` takes them, or says why it cannot
+        if not self.decoder_runtime.takes_cache_tensors:
+            return None  # its own loop (`sample`) declined these inputs: `forward` takes them, or says why it cannot
         past = self.empty_past(input_ids.shape[0])
         inputs = self.decoder_inputs(
             input_ids, model_kwargs.get("attention_mask"), model_kwargs.get("position_ids"), past, logits_to_keep=1
@@ -396,37 +378,9 @@ class OrtModelForCausalLM(OrtModelForGeneration):
         return {**arguments, "input_ids": tokens, "attention_mask": mask, "position_ids": positions}
 
 
-def checked_mask(attention_mask: Any, batch: int, total: int, device: torch.device) -> Any:
-    """`attention_mask` checked against the (batch, cached + new tokens) shape the input needs; all ones if None."""
-    if attention_mask is None:
-        return torch.ones(batch, total, dtype=torch.int64, device=device)
-    if tuple(attention_mask.shape) != (batch, total):
-        raise ValueError(
-            f"attention_mask has shape {tuple(attention_mask.shape)}, but the input needs (batch, past_sequence + "
-            f"sequence) = {(batch, total)}: one entry per cached and new token, 1 to attend and 0 for padding."
-        )
-    return attention_mask
-
-
 def with_new_column(mask: torch.Tensor | None) -> torch.Tensor | None:
     """A padding mask (batch, tokens) extended by one attended token per row; None (no padding) stays None."""
     return None if mask is None else torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
-
-
-def logits_positions(logits_to_keep: int | torch.Tensor, length: int) -> torch.Tensor:
-    """The `logits_positions` graph input for transformers' `logits_to_keep` over `length` new tokens: 0 keeps
-    every position, n the last n, and a 1-D tensor lists the positions (negative ones count from the end)."""
-    if isinstance(logits_to_keep, int) and logits_to_keep >= 0:
-        start = max(length - logits_to_keep, 0) if logits_to_keep else 0
-        return torch.arange(start, length)
-    positions = torch.as_tensor(logits_to_keep)
-    if positions.dim() != 1 or positions.dtype.is_floating_point or positions.dtype == torch.bool:
-        raise ValueError(
-            f"logits_to_keep must be a non-negative int or a 1-D integer tensor of positions, got {logits_to_keep!r}."
-        )
-    if positions.numel() and not (-length <= int(positions.min()) and int(positions.max()) < length):
-        raise ValueError(f"logits_to_keep holds positions outside the {length} new tokens: {positions.tolist()}.")
-    return positions % max(length, 1)  # counted from the start, as the exported index_select counts them
 
 
 @dataclass

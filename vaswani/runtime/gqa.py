@@ -1,54 +1,23 @@
-"""The runtime of the GroupQueryAttention decoder form (`ort_llm.py` writes it): `GqaDecoder` drives such a graph
-through IO binding, one in-place KV buffer per cache tensor bound as both past and present; `step_hf` takes and
-returns transformers' layout (for `OrtModelForCausalLM.forward` and validation), `held_cache_sample` is the lean
-greedy/sampling loop. The graph's I/O and how padding becomes lengths: `ort_llm.py` and docs/deployment.md.
+"""The GroupQueryAttention decoder form's kernel driver (`export/gqa_rewrite.py` writes the form): `GqaDecoder` drives
+such a graph through IO binding, one in-place KV buffer per cache tensor bound as both past and present; `step_hf`
+takes and returns transformers' layout (for `OrtModelForCausalLM.forward` and validation), `start`/`decode` and
+`plain_greedy` are what the held-cache lean loop (`held_cache.held_cache_sample`) drives. The runtime built on it
+(its serving batch included) is `decoders/gqa.py`. The graph's I/O and how padding becomes lengths: docs/deployment.md.
 
     >>> decoder = GqaDecoder(session, manifest, rotary_positions=config.max_position_embeddings)
     >>> logits, present = decoder.step_hf(input_ids, attention_mask, past, logits_positions)
 """
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
 import torch
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
-from .contract import FORM_GQA
-from .lean_steps import (
-    SuppressTokensUntilLength,
-    apply_processors,
-    draw_tokens,
-    lean_logits_processors,
-    pad_token_tensor,
-)
+from .contract import is_gqa_form
+from .held_cache import NotLeftPaddedError, StandardStops, positions_follow_mask, refuse_capacity_past, refuse_step_past
 
-if TYPE_CHECKING:
-    from .openvino import OpenVinoDecoder
-
-
-def refuse_step_past(length: int, max_positions: int | None) -> None:
-    """A ValueError for a decode step at `length` tokens past the rotary table's `max_positions` (None: no limit)."""
-    if max_positions is not None and length >= max_positions:
-        raise ValueError(
-            f"Generation reached the {max_positions} positions of this export's rotary table "
-            f"(max_position_embeddings); ask for fewer tokens."
-        )
-
-
-def refuse_capacity_past(capacity: int | None, max_positions: int | None) -> None:
-    """A ValueError for a generation of `capacity` tokens (prompt + new) past the rotary table's `max_positions`."""
-    if None not in (capacity, max_positions) and capacity > max_positions:
-        raise ValueError(
-            f"{capacity} tokens (prompt + new) exceed the {max_positions} positions of this export's rotary "
-            f"table (max_position_embeddings); generate fewer tokens."
-        )
-
-
-def is_gqa_form(manifest: dict) -> bool:
-    """Whether an export's decoder graph is the GroupQueryAttention form."""
-    return manifest.get("attention_form") == FORM_GQA
+__all__ = ["GqaDecoder", "GqaState", "GqaValidationRunner", "is_gqa_form"]
 
 
 class GqaDecoder:
@@ -56,7 +25,7 @@ class GqaDecoder:
     both past and present (the kernel appends in place, no copy of the past), logits into a buffer reused per step.
 
     `step_hf` takes and returns transformers' layout (a padded mask, caches aligned with it) for `forward` and
-    validation; `start`/`decode` are the lean loop's (`held_cache_sample`).
+    validation; `start`/`decode`/`plain_greedy` are the lean loop's (`held_cache.held_cache_sample`).
     """
 
     def __init__(self, session: ort.InferenceSession, manifest: dict, rotary_positions: int):
@@ -213,24 +182,12 @@ class GqaDecoder:
         self.session.run_with_iobinding(state.binding)
         return state.logits[:, 0]
 
+    def plain_greedy(self, state: "GqaState", *args) -> torch.Tensor:
+        """Plain greedy search's loop on numpy views of the bound buffers (`_greedy_numpy`)."""
+        return _greedy_numpy(self, state, *args)
+
 
 _NUMPY = {torch.float32: np.float32, torch.int64: np.int64, torch.int32: np.int32}
-
-
-def positions_follow_mask(position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, shape) -> bool:
-    """Whether `position_ids` (None, or those of the last `shape[1]` tokens) are each real token's count of attended
-    tokens before it, which is what the GroupQueryAttention form rotates by (generate passes exactly those)."""
-    if position_ids is None:
-        return True
-    batch, length = shape
-    mask = torch.ones(batch, length, dtype=torch.long) if attention_mask is None else torch.as_tensor(attention_mask)
-    expected = (mask.cumsum(-1) - 1)[:, -length:]
-    real = mask[:, -length:].bool()
-    return torch.equal(torch.as_tensor(position_ids).expand(batch, -1)[real], expected[real])
-
-
-class NotLeftPaddedError(Exception):
-    """The prompt's last column holds padding: the lean loop decodes it through `forward` instead."""
 
 
 def _front_indices(mask: torch.Tensor, width: int) -> torch.Tensor:
@@ -278,81 +235,13 @@ class GqaState:
         self.total += 1
 
 
-def held_cache_sample(
-    decoder: "GqaDecoder | OpenVinoDecoder",
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    position_ids: torch.Tensor | None,
-    logits_processor,
-    stopping_criteria,
-    generation_config,
-) -> torch.Tensor | None:
-    """The lean greedy/sampling loop (`OrtModelForGeneration.lean_sample`) on a decoder that holds its cache for the
-    whole call: a GroupQueryAttention-form graph (one preallocated buffer per cache tensor) or OpenVINO's stateful
-    graph (`openvino_engine.OpenVinoDecoder`). The same processors, stopping criteria and random draws, and per step
-    only the token and the run; on the GroupQueryAttention form, plain greedy search (no processor, the standard
-    criteria) runs that on numpy views of the bound buffers (`_greedy_numpy`). Returns None when the prompt is not
-    left-padded (its last column is padding) or `position_ids` are not the mask's: the caller then runs it through
-    `forward`."""
-    batch, length = input_ids.shape
-    if not positions_follow_mask(position_ids, attention_mask, input_ids.shape):
-        return None  # other positions than the mask's: `forward` says why it cannot run them
-    capacity = max(generation_config.max_length, length + 1)
-    try:
-        limit = decoder.max_positions  # None where the config names no context length (OpenVinoDecoder)
-        next_logits, state = decoder.start(
-            input_ids, attention_mask, capacity if limit is None else min(capacity, limit)
-        )
-    except NotLeftPaddedError:
-        return None
-    # The sequences so far, in one preallocated tensor: each step writes a column and the processors and criteria
-    # see a view (no concatenation per token).
-    ids = torch.empty(batch, capacity, dtype=input_ids.dtype)
-    ids[:, :length] = input_ids
-    pad_token_id = pad_token_tensor(generation_config, input_ids.device)
-    has_eos_stopping_criteria = any(hasattr(criteria, "eos_token_id") for criteria in stopping_criteria)
-    stops = StandardStops.of(stopping_criteria)
-    unfinished = torch.ones(batch, dtype=torch.long)
-    processors = lean_logits_processors(logits_processor)
-    # Greedy search whose only processors hold end-of-sequence back (min_new_tokens, min_length) runs on numpy too.
-    plain_greedy = (
-        not generation_config.do_sample
-        and isinstance(processors, list)
-        and all(isinstance(processor, SuppressTokensUntilLength) for processor in processors)
-    )
-    bound = isinstance(decoder, GqaDecoder)
-    if bound and plain_greedy and stops is not None and (pad_token_id is not None or not has_eos_stopping_criteria):
-        pad = None if pad_token_id is None else int(pad_token_id)
-        suppressed = [
-            (processor.columns_in(next_logits.shape[-1]).numpy(), processor.length) for processor in processors
-        ]
-        return _greedy_numpy(
-            decoder, state, next_logits, ids, length, stops, pad if has_eos_stopping_criteria else None, suppressed
-        )
-    while True:
-        scores = apply_processors(processors, ids[:, :length], next_logits)
-        next_tokens = draw_tokens(scores, generation_config.do_sample)
-        if has_eos_stopping_criteria:
-            next_tokens = next_tokens * unfinished + pad_token_id * (1 - unfinished)
-        ids[:, length] = next_tokens
-        length += 1
-        if stops is not None:
-            unfinished &= ~stops(ids[:, :length])
-        else:
-            unfinished = unfinished & ~stopping_criteria(ids[:, :length], None)
-        if not unfinished.any():
-            return ids[:, :length].clone()
-        decoder.check_capacity(length)
-        next_logits = decoder.decode(state, next_tokens)
-
-
 def _greedy_numpy(
     decoder: GqaDecoder,
     state: GqaState,
     next_logits: torch.Tensor,
     ids: torch.Tensor,
     length: int,
-    stops: "StandardStops",
+    stops: StandardStops,
     pad: int | None,
     suppressed: list[tuple[np.ndarray, int]] = (),
 ) -> torch.Tensor:
@@ -391,36 +280,6 @@ def _greedy_numpy(
         run(binding)
         rows = logits
     return ids[:, :length].clone()
-
-
-@dataclass
-class StandardStops:
-    """transformers' `MaxLengthCriteria` and `EosTokenCriteria` (what generate builds from `max_length` and the
-    end-of-sequence ids) evaluated in one step: the same decisions, without the list's per-criterion dispatch and
-    full-batch tensors (0.1 ms a token)."""
-
-    max_length: int | None
-    eos_token_id: torch.Tensor | None
-
-    @classmethod
-    def of(cls, criteria) -> "StandardStops | None":
-        """The two standard criteria of `criteria`, or None if it holds any other kind."""
-        max_length = eos = None
-        for criterion in criteria:
-            if type(criterion) is MaxLengthCriteria:
-                max_length = criterion.max_length if max_length is None else min(max_length, criterion.max_length)
-            elif type(criterion) is EosTokenCriteria and eos is None:
-                eos = criterion.eos_token_id
-            else:
-                return None
-        return cls(max_length, eos)
-
-    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.max_length is not None and input_ids.shape[1] >= self.max_length:
-            return torch.ones(input_ids.shape[0], dtype=torch.bool)
-        if self.eos_token_id is None:
-            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
-        return torch.isin(input_ids[:, -1], self.eos_token_id)
 
 
 class GqaValidationRunner:

@@ -101,11 +101,10 @@ def load_folder(
         )
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if (folder / "manifest.json").is_file():
-        from .. import runtime
+        from .models import class_for_task
         from .session import default_session_options
 
-        model_class = getattr(runtime, ORT_CLASSES[found])
-        model = model_class.from_pretrained(
+        model = class_for_task(found).from_pretrained(
             folder,
             device,
             session_options=default_session_options(threads),

@@ -34,9 +34,8 @@ from transformers.utils import ModelOutput
 
 from ..modeling.configuration import CONFIG_CLASSES
 from .contract import DTYPES, load_manifest
-from .openvino import OpenVinoDecoder, RoutedSession, check_engine, chosen_engine, refuse_unreadable_form
-from .openvino import openvino_precision as resolve_openvino_precision
-from .session import OrtGraph, cuda_provider_options, default_session_options, resolve_provider
+from .decoders import DEFAULT_ENGINE, LoadRequest, check_engine, chosen_engine
+from .session import PROVIDERS, OrtGraph, cuda_provider_options, default_session_options, resolve_provider
 
 
 def read_config(folder: Path) -> PreTrainedConfig:
@@ -87,10 +86,12 @@ class OrtModel:
             use_io_binding: bind inputs/outputs to device memory; always on for CUDA, off by default on CPU (where it
                 changes nothing measurable).
             engine: "onnxruntime" (default), or "openvino" for a text-generation export on the CPU: prompt steps in
-                OpenVINO, one-token decode steps in ONNX Runtime (`openvino_engine.RoutedSession`; needs
-                `pip install 'vaswani[openvino]'` and a portable export, `vaswani export --attention portable`);
-                "auto": "openvino" where it was measured faster (such a folder and a CPU with bfloat16), else
-                "onnxruntime" (`openvino_engine.chosen_engine`).
+                OpenVINO, decode steps too where faster, other one-token steps in ONNX Runtime
+                (`decoders.openvino.OpenVinoRuntime`; needs `pip install 'vaswani[openvino]'` and a portable export,
+                `vaswani export --attention portable`); "auto": "openvino" where it was measured faster (such a
+                folder and a CPU with bfloat16), else "onnxruntime" (`decoders.chosen_engine`, which logs why). A
+                text-generation export runs on the decoder runtime of that engine that fits it
+                (`model.decoder_runtime`: `decoders.DECODER_RUNTIMES`).
             openvino_precision: OpenVINO's compute precision, "bf16", "f32" or "auto" (default: bf16 where the CPU
                 has AVX512_BF16 or AMX, else f32). OpenVINO runs with the session options' intra-op threads.
 
@@ -104,7 +105,7 @@ class OrtModel:
             raise ValueError(
                 f"{folder} holds a {manifest['task']!r} export of a {manifest.get('family')} model, but {cls.__name__} "
                 f"loads {' / '.join(repr(task) for task in cls.tasks)} exports. Load it with "
-                f"{class_of_task(manifest['task'])}, or export with the task you need."
+                f"{class_name_for_task(manifest['task'])}, or export with the task you need."
             )
         graph_names = cls.graph_names or tuple(manifest["graphs"])
         absent = [name for name in graph_names if name not in manifest["graphs"]]
@@ -115,19 +116,11 @@ class OrtModel:
             )
         config = read_config(folder)
 
-        provider = resolve_provider(provider)
+        # The runtime is chosen (and refused, with the fix) before the provider's availability is checked.
+        request = LoadRequest(folder, manifest, PROVIDERS.get(provider, provider), use_io_binding, openvino_precision)
         check_engine(engine, openvino_precision)
-        engine = chosen_engine(engine, manifest, provider)
-        if engine == "openvino":
-            if provider != "CPUExecutionProvider" or manifest["task"] != "text-generation":
-                raise ValueError(
-                    f"engine='openvino' runs text-generation exports on the CPU; {folder} holds a {manifest['task']!r} "
-                    f"export and {provider} was asked for. Use engine='onnxruntime' for it."
-                )
-            if use_io_binding:
-                raise ValueError("engine='openvino' passes numpy arrays; leave use_io_binding unset.")
-            refuse_unreadable_form(folder, manifest)
-            openvino_precision = resolve_openvino_precision(openvino_precision)
+        runtime = cls.runtime_for(chosen_engine(engine, manifest, request.provider), request)
+        provider = resolve_provider(provider)
         session_options = session_options or default_session_options()
         options = dict(provider_options or {})
         device = torch.device("cpu")
@@ -152,16 +145,25 @@ class OrtModel:
                     f"ONNX Runtime could not start {provider} for {spec['file']} (it fell back to "
                     f"{session.get_providers()}); check the CUDA/cuDNN installation that onnxruntime-gpu needs."
                 )
-            if engine == "openvino":
-                threads = session_options.intra_op_num_threads
-                positions = getattr(config, "max_position_embeddings", None)
-                prompt_session = OpenVinoDecoder(
-                    folder / spec["file"], manifest, openvino_precision, threads, positions
-                )
-                session = RoutedSession(prompt_session, session)
             use_io_binding = device.type == "cuda" or bool(use_io_binding)
             graphs[name] = OrtGraph(folder, name, spec, session, device, use_io_binding, manifest["vocab_size"])
-        return cls(folder, manifest, config, graphs)
+        model = cls(folder, manifest, config, graphs)
+        if runtime is not None:
+            model.decoder_runtime = runtime.load(model, request)
+        return model
+
+    @classmethod
+    def runtime_for(cls, engine: str, request: LoadRequest) -> Any:
+        """The decoder runtime class (`decoders.DecoderRuntime`) that runs `request`'s export under `engine` (resolved,
+        not "auto"); None for a model that runs its graphs in ONNX Runtime as they are (every class but the causal
+        LM's, which chooses among `decoders.DECODER_RUNTIMES`)."""
+        if engine != DEFAULT_ENGINE:
+            raise ValueError(
+                f"engine={engine!r} runs text-generation exports; {request.folder} holds a "
+                f"{request.manifest['task']!r} export ({request.provider} was asked for). Use "
+                f"engine={DEFAULT_ENGINE!r} for it."
+            )
+        return None
 
     @classmethod
     def can_generate(cls) -> bool:
@@ -206,15 +208,37 @@ def check_unsupported_arguments(kwargs: dict[str, Any]) -> None:
         raise ValueError("Exported graphs take token ids; pass input_ids instead of inputs_embeds.")
 
 
-def class_of_task(task: str) -> str:
-    """The name of the class that loads `task`'s exports, for error messages: every subclass names its `tasks`."""
-    pending = OrtModel.__subclasses__()
+def class_for_task(task: str) -> type[OrtModel]:
+    """The class that loads `task`'s exports (e.g. "text-generation" -> `OrtModelForCausalLM`): every class names the
+    tasks it loads (`OrtModel.tasks`), so this mapping is written nowhere else. A ValueError lists the tasks there are.
+
+    Example:
+        >>> class_for_task("fill-mask").from_pretrained("exported")
+    """
+    classes = ort_model_classes()
+    for model_class in classes:
+        if task in model_class.tasks:
+            return model_class
+    tasks = list(dict.fromkeys(name for model_class in classes for name in model_class.tasks))
+    raise ValueError(f"No ONNX Runtime model class loads {task!r} exports; the tasks that load are {tasks}.")
+
+
+def ort_model_classes() -> list[type[OrtModel]]:
+    """Every `OrtModel` subclass, bases before the classes derived from them (the package's before a user's)."""
+    classes, pending = [], list(OrtModel.__subclasses__())
     while pending:
         subclass = pending.pop(0)
-        if task in subclass.tasks:
-            return subclass.__name__
+        classes.append(subclass)
         pending += subclass.__subclasses__()
-    return "the class of its task"
+    return classes
+
+
+def class_name_for_task(task: str) -> str:
+    """The name of the class that loads `task`'s exports, for error messages."""
+    try:
+        return class_for_task(task).__name__
+    except ValueError:
+        return "the class of its task"
 
 
 class OrtModelForTokenInputs(OrtModel):

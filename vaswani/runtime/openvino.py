@@ -1,6 +1,7 @@
 """OpenVINO as a second engine for an exported decoder folder (`pip install 'vaswani[openvino]'`): the same portable
-graph file, compiled by OpenVINO for the CPU, behind the part of ONNX Runtime's `InferenceSession` that `OrtGraph`,
-the generation loops and the server call (`run`, `get_inputs`, `get_outputs`, `get_providers`).
+graph file, compiled by OpenVINO for the CPU, stateful (`OpenVinoDecoder`) or as it is (`OpenVinoSession`, what
+validation runs other graphs with). The decoder runtime built on it, which routes each call and supplies the server's
+batch, is `decoders/openvino.py` (`OpenVinoRuntime`).
 
 Why. ONNX Runtime's CPU provider has no bfloat16 or AMX matrix products; OpenVINO computes in bfloat16 where the
 CPU has AVX512_BF16 or AMX. The graph is compiled once, made stateful (`make_stateful`, `OpenVinoDecoder`): its
@@ -12,9 +13,9 @@ kernels and lost every decode step to ONNX Runtime (docs/results/openvino_route_
 What runs where (docs/results/openvino_route_1b_cpu.md has the measurements):
 - prompts and prefill chunks (more than one token per row): OpenVINO;
 - `generate`'s greedy/sampling loop and the server's running batch: every step in OpenVINO with the cache held in
-  the request, where `OpenVinoDecoder.serves` (an unquantized export, or two rows or more); one-token steps of a
-  quantized export's single row run in ONNX Runtime, whose `MatMulNBits` kernels decoded those faster;
-- other one-token calls (`forward`, beam search): ONNX Runtime (`RoutedSession` routes each call by its length).
+  the request, where `OpenVinoRuntime.decodes_in_openvino` (an unquantized export, or two rows or more); one-token
+  steps of a quantized export's single row run in ONNX Runtime, whose `MatMulNBits` kernels decoded those faster;
+- other one-token calls (`forward`, beam search): ONNX Runtime (`OpenVinoRuntime` routes each call by its length).
 The stateless hand-over works because the portable graph's cache is plain (batch, heads, length, head_dim) tensors:
 OpenVINO's state is written from and read into them. The cost is memory: both runtimes hold the weights (OpenVINO in
 its compute precision).
@@ -24,7 +25,6 @@ its compute precision).
     >>> OpenVinoSession("onnx-folder/model.onnx", precision="bf16", threads=2).run(None, feeds)  # any graph, stateless
 """
 
-import logging
 import os
 import shutil
 import tempfile
@@ -38,13 +38,13 @@ from typing import Any
 import numpy as np
 import torch
 
-ENGINES = ("onnxruntime", "openvino", "auto")
+from .contract import is_gqa_form, positions_from_mask
+from .held_cache import NotLeftPaddedError, refuse_capacity_past, refuse_step_past
+
 PRECISIONS = ("auto", "f32", "bf16")
-# What OpenVINO calls the precisions (its INFERENCE_PRECISION_HINT), and what `get_providers` reports.
+# What OpenVINO calls the precisions (its INFERENCE_PRECISION_HINT); `OrtModel.provider` reports "OpenVINO (bf16)".
 OPENVINO_TYPES = {"f32": "f32", "bf16": "bf16"}
 PROVIDER_NAME = "OpenVINO"
-
-logger = logging.getLogger(__name__)
 
 
 def import_openvino():
@@ -66,79 +66,24 @@ def route_description(provider: str) -> str:
     )
 
 
-def check_engine(engine: str, precision: str = "auto") -> None:
-    """Raise a ValueError naming the choices for an unknown `engine` or OpenVINO `precision`."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine={engine!r} is not supported; use one of {list(ENGINES)}.")
+def check_precision(precision: str) -> None:
+    """Raise a ValueError naming the choices for an unknown OpenVINO `precision`."""
     if precision not in PRECISIONS:
         raise ValueError(f"openvino_precision={precision!r} is not supported; use one of {list(PRECISIONS)}.")
-
-
-def chosen_engine(engine: str, manifest: dict, provider: str) -> str:
-    """What `engine="auto"` runs: "openvino" where the route was measured faster (a text-generation export in the
-    portable form, on the CPU provider, OpenVINO installed, and a CPU that computes bfloat16), else "onnxruntime".
-    Any other `engine` is returned as it is. The choice and its reason are logged: as a warning where OpenVINO
-    could not be imported, as info otherwise."""
-    if engine != "auto":
-        return engine
-    from .gqa import is_gqa_form
-
-    if manifest["task"] != "text-generation":
-        reason = f"the export's task is {manifest['task']!r} (OpenVINO runs text-generation exports)"
-    elif provider != "CPUExecutionProvider":
-        reason = f"it runs on {provider} (OpenVINO runs on the CPU)"
-    elif is_gqa_form(manifest):
-        reason = "the export is in the GroupQueryAttention form, which only ONNX Runtime runs"
-    else:
-        try:
-            precision = openvino_precision("auto")
-        except ImportError as error:
-            logger.warning("engine='auto' runs ONNX Runtime, not OpenVINO: %s", error)
-            return "onnxruntime"
-        if precision == "bf16":
-            logger.info("engine='auto' runs OpenVINO: a portable text-generation export, and this CPU computes bf16")
-            return "openvino"
-        reason = "this CPU does not compute bfloat16 (OpenVINO in f32 measured slower than ONNX Runtime there)"
-    logger.info("engine='auto' runs ONNX Runtime, not OpenVINO: %s", reason)
-    return "onnxruntime"
 
 
 def openvino_precision(requested: str = "auto") -> str:
     """The compute precision OpenVINO runs in: `requested` when it is "f32" or "bf16", else ("auto") "bf16" where the
     CPU computes bfloat16 natively (AVX512_BF16 or AMX: OpenVINO lists "BF16" among the CPU's optimization
     capabilities) and "f32" elsewhere. Forced "bf16" on a CPU without it runs, emulated and slower."""
-    check_engine("openvino", requested)
+    check_precision(requested)
     if requested != "auto":
         return requested
     capabilities = import_openvino().Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
     return "bf16" if "BF16" in capabilities else "f32"
 
 
-class _NodeArg:
-    """What `get_inputs` / `get_outputs` return, as ONNX Runtime's NodeArg: the name."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-
-class _SessionDescription:
-    """What ONNX Runtime's session says about itself, from `input_names`, `output_names` and `precision`."""
-
-    input_names: list[str]
-    output_names: list[str]
-    precision: str
-
-    def get_inputs(self) -> list[_NodeArg]:
-        return [_NodeArg(name) for name in self.input_names]
-
-    def get_outputs(self) -> list[_NodeArg]:
-        return [_NodeArg(name) for name in self.output_names]
-
-    def get_providers(self) -> list[str]:
-        return [f"{PROVIDER_NAME} ({self.precision})"]
-
-
-class OpenVinoSession(_SessionDescription):
+class OpenVinoSession:
     """One exported graph compiled by OpenVINO for the CPU as it is (stateless), run like an ONNX Runtime session: what
     validation runs graphs other than a text-generation decoder with (the decoder runs as `OpenVinoDecoder`).
 
@@ -169,49 +114,14 @@ class OpenVinoSession(_SessionDescription):
         return [results[self.output_ports[name]] for name in output_names or self.output_names]
 
 
-class RoutedSession:
-    """Prompt calls in OpenVINO, one-token calls in ONNX Runtime: `run` sends a call whose `input_ids` hold more than
-    one token per row to `prompt_session`, every other call to `step_session`. Both compile the same graph file, so
-    their inputs and outputs are the same and each one's present cache is the other's past.
-
-    Example:
-        >>> session = RoutedSession(OpenVinoDecoder(path, manifest, "bf16", 2), onnxruntime.InferenceSession(path))
-        >>> logits, *present = session.run(None, {"input_ids": prompt, ...})       # OpenVINO
-        >>> logits, *present = session.run(None, {"input_ids": next_tokens, ...})  # ONNX Runtime
-    """
-
-    def __init__(self, prompt_session: "OpenVinoDecoder", step_session: Any):
-        self.prompt_session, self.step_session = prompt_session, step_session
-        if {arg.name for arg in prompt_session.get_inputs()} != {arg.name for arg in step_session.get_inputs()}:
-            raise ValueError("The two sessions of a RoutedSession must run the same graph.")
-
-    def session_for(self, feeds: dict[str, np.ndarray]) -> Any:
-        ids = feeds.get("input_ids")
-        prompt = ids is None or ids.ndim < 2 or ids.shape[1] > 1
-        return self.prompt_session if prompt else self.step_session
-
-    def run(self, output_names: list[str] | None, feeds: dict[str, np.ndarray], run_options: Any = None) -> list:
-        return self.session_for(feeds).run(output_names, feeds)
-
-    def get_inputs(self) -> list:
-        return self.step_session.get_inputs()
-
-    def get_outputs(self) -> list:
-        return self.step_session.get_outputs()
-
-    def get_providers(self) -> list[str]:
-        """The prompt engine first (what `OrtModel.provider` reports), then ONNX Runtime's providers."""
-        return [*self.prompt_session.get_providers(), *self.step_session.get_providers()]
-
-
-class OpenVinoDecoder(_SessionDescription):
+class OpenVinoDecoder:
     """A portable decoder graph compiled by OpenVINO with its cache inside: what `generate` runs every step in where
-    `serves` says so (`OrtModelForCausalLM.lean_sample`), and where `vaswani serve --engine openvino` keeps its running
-    batch's cache between steps (`serving.engine.OpenVinoBatch`).
+    `OpenVinoRuntime.decodes_in_openvino` says so, and where `vaswani serve --engine openvino` keeps its running
+    batch's cache between steps (`decoders.openvino.OpenVinoBatch`); `run` is the stateless call (prompts, validation).
 
     Each infer request (`new_request`) holds one cache, so concurrent generations do not share one. For the lean loop
-    (`held_cache_sample`) it is the same duck type as `GqaDecoder`: `start` prefills a left-padded prompt and returns
-    the state its decode steps continue, `decode` appends one token per row. The graph is made stateful as OpenVINO
+    it is a `held_cache.HeldCacheDecoder`, as `GqaDecoder` is: `start` prefills a left-padded prompt and returns the
+    state its decode steps continue, `decode` appends one token per row. The graph is made stateful as OpenVINO
     GenAI's models are (`make_stateful`); the cache is kept in float16 for bf16 compute and in float32 for f32.
 
     Example:
@@ -240,17 +150,15 @@ class OpenVinoDecoder(_SessionDescription):
         self.state_order = {past + present: index for index, (past, present) in enumerate(pairs.items())}
         self.max_positions = max_positions
 
-    @staticmethod
-    def serves(manifest: dict, batch: int) -> bool:
-        """Whether OpenVINO runs the decode steps of a `batch`-row generation: measured faster for unquantized
-        exports at any batch and for quantized ones from two rows (at one row ONNX Runtime's `MatMulNBits` decode
-        steps were faster: docs/results/openvino_route_1b_cpu.md)."""
-        return manifest.get("quantization") is None or batch > 1
+    plain_greedy = None  # greedy search runs `held_cache_sample`'s own loop
+
+    @property
+    def provider(self) -> str:
+        """What runs it, as `OrtModel.provider` reports it: "OpenVINO (bf16)"."""
+        return f"{PROVIDER_NAME} ({self.precision})"
 
     def check_capacity(self, length: int) -> None:
         """Refuse a step past the rotary table's positions."""
-        from .gqa import refuse_step_past
-
         refuse_step_past(length, self.max_positions)
 
     def new_request(self) -> Any:
@@ -303,9 +211,6 @@ class OpenVinoDecoder(_SessionDescription):
     ) -> tuple[torch.Tensor, "OpenVinoState"]:
         """Prefill a left-padded prompt in a new request: each row's last token's logits (batch, vocab) and the decode
         steps' state. Raises `NotLeftPaddedError` where the last column holds padding."""
-        from .contract import positions_from_mask
-        from .gqa import NotLeftPaddedError, refuse_capacity_past
-
         refuse_capacity_past(capacity, self.max_positions)
         mask = torch.ones_like(input_ids) if attention_mask is None else torch.as_tensor(attention_mask)
         if not bool(mask[:, -1].all()):
@@ -458,13 +363,20 @@ def unreadable_graph_message(path: Path, error: Exception) -> str:
     )
 
 
+def unreadable_form_refusal(folder: Path, manifest: dict) -> str | None:
+    """Why OpenVINO cannot run `folder`'s decoder, with the fix, where it is the GroupQueryAttention form (ONNX
+    Runtime-only); else None."""
+    if not is_gqa_form(manifest):
+        return None
+    return (
+        f"{folder} holds the GroupQueryAttention form of the decoder (com.microsoft.GroupQueryAttention, what "
+        f"--quantize and --optimize write by default), which only ONNX Runtime runs. For engine='openvino', "
+        f"export the model again with `vaswani export --attention portable`."
+    )
+
+
 def refuse_unreadable_form(folder: Path, manifest: dict) -> None:
     """Refuse, before compiling anything, a folder whose decoder is the GroupQueryAttention form (ONNX Runtime-only)."""
-    from .gqa import is_gqa_form
-
-    if is_gqa_form(manifest):
-        raise ValueError(
-            f"{folder} holds the GroupQueryAttention form of the decoder (com.microsoft.GroupQueryAttention, what "
-            f"--quantize and --optimize write by default), which only ONNX Runtime runs. For engine='openvino', "
-            f"export the model again with `vaswani export --attention portable`."
-        )
+    refusal = unreadable_form_refusal(folder, manifest)
+    if refusal is not None:
+        raise ValueError(refusal)

@@ -3,14 +3,14 @@
 Where things are:
 
 - `protocol.py`: the OpenAI request/response shapes, the checks on requests and the error bodies.
-- `engine.py`: one decoding step over a batch of sequences at different lengths and the running batch's cache:
-  left-padded (`RunningBatch`) for the portable export (`OrtStepModel`) and PyTorch (`TorchStepModel`), per-row
-  lengths in in-place KV buffers (`GqaBatch`) for the GroupQueryAttention form of quantized/optimized exports.
+- `batches.py`: the interface the scheduler drives (`Batch`, `Prefill`) and PyTorch's step model (`TorchStepModel`);
+  an export's step model and batch kind come from its decoder runtime (`model.decoder_runtime.step_model()`,
+  `vaswani.runtime.decoders`: left-padded, per-row lengths in in-place KV buffers, or held by OpenVINO).
 - `scheduler.py`: the engine thread: admission, chunked prefill, one decoding step for every running sequence,
   the queue limit, the watchdog's liveness.
 - `sampling.py`: each row's token: transformers' own logits processors and a seeded draw, as offline `generate`.
 - `text.py`: incremental detokenization and stop strings for streams.
-- `models.py`: loading a folder into a service (generation, embeddings, classification).
+- `services.py`: loading a folder into a service (generation, embeddings, classification).
 - `app.py`: the FastAPI routes and server-sent events.
 - `middleware.py`: request ids and the access log, the API key check; `metrics.py`: `/metrics` (Prometheus).
 - `ray_app.py`: the same app as a Ray Serve deployment with N replicas.

@@ -1,9 +1,9 @@
 """Continuous batching: the engine thread that decodes every running sequence in one batch, one token per step.
 
 A submitted sequence waits in a bounded queue (`QueueFull` past it: the server answers 429), is prefilled apart from
-the running batch, together with the other waiting prompts that fit (an `engine.Prefill`, at most
+the running batch, together with the other waiting prompts that fit (a `Prefill` of the step model, at most
 `max_prefill_tokens` padded tokens), joins the running batch at the next step and leaves it as soon as it finishes or
-its client goes away, without waiting for the others (an `engine.Batch`). While sequences are running, the
+its client goes away, without waiting for the others (its `Batch`). While sequences are running, the
 prompts are fed in chunks, one chunk between two decoding steps, so that joining prompts delay the running sequences
 by one chunk's time per step instead of by their whole prefill; a chunk holds `prefill_chunk` tokens times the
 number of joining prompts per running sequence (rounded up), so that a burst of new requests is not fed a few tokens
@@ -17,7 +17,7 @@ row whose choice fails ends alone, with an error event, and the others go on.
 Each new token is handed to the sequence's `emit` callback on the engine thread; the server's callback moves it to
 its asyncio loop. ONNX Runtime releases the GIL while a step runs, so the event loop serves HTTP meanwhile.
 
-    >>> engine = Scheduler(step_model(model), max_batch=16)
+    >>> engine = Scheduler(model.decoder_runtime.step_model(), max_batch=16)
     >>> engine.start()
     >>> engine.submit(prompt_ids, SamplingParams(max_tokens=64, temperature=0.0), emit=print)
 """
@@ -86,7 +86,7 @@ class Scheduler:
     """Runs a step model over a continuously changing batch of sequences, on a thread of its own.
 
     Args:
-        model: a step model (`engine.step_model(...)` of an export, or a `TorchStepModel`): it makes the batch
+        model: a step model (an export's decoder runtime supplies it, or a `TorchStepModel`): it makes the batch
             (`new_batch`) and the prefill groups (`prefill_group`), and knows `vocab_size` and `context_length`.
         max_batch: sequences decoded together at most; more wait.
         max_waiting: sequences waiting at most; `submit` raises `QueueFull` past it.

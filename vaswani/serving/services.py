@@ -15,24 +15,23 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from .batches import TorchStepModel, context_length, step_model
+from .batches import TorchStepModel, context_length
 from .protocol import OpenAIError
 from .scheduler import Scheduler
-
-GENERATION_TASKS = ("text-generation",)
-ENCODER_TASKS = ("feature-extraction", "text-classification")
 
 
 class GenerationService:
     """A causal LM behind the engine: turns messages and prompts into token ids, checked against the model."""
 
     kind = "generation"
+    tasks = ("text-generation",)  # the export tasks served this way
 
     def __init__(self, name: str, tokenizer: PreTrainedTokenizerBase, scheduler: Scheduler, eos_token_ids: set[int]):
         self.name, self.tokenizer, self.scheduler = name, tokenizer, scheduler
         self.eos_token_ids = frozenset(eos_token_ids)
         self.context_length = scheduler.model.context_length
         self.vocab_size = scheduler.model.vocab_size
+        self.description = scheduler.model.description  # what runs where (the decoder runtime's line)
 
     def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
         if self.tokenizer.chat_template is None:
@@ -95,9 +94,12 @@ class EncoderService:
     """An exported encoder: mean-pooled, L2-normalized embeddings (feature-extraction) or class probabilities
     (text-classification). Requests run the graph directly (no batching across requests): one call per request."""
 
+    kinds = {"feature-extraction": "embedding", "text-classification": "classification"}  # export task -> kind
+    description = ""
+
     def __init__(self, name: str, tokenizer: PreTrainedTokenizerBase, model: Any, task: str):
         self.name, self.tokenizer, self.model = name, tokenizer, model
-        self.kind = "embedding" if task == "feature-extraction" else "classification"
+        self.kind = self.kinds[task]
         self.context_length = context_length(model.config)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
@@ -158,11 +160,12 @@ def load_service(
     openvino_precision: str = "auto",
 ) -> GenerationService | EncoderService:
     """Load `folder` for serving: an exported ONNX folder (`backend="onnx"`, on `provider` "cpu" or "cuda") or a
-    PyTorch vaswani folder (`backend="torch"`), local or a Hub repository id; `threads` ONNX Runtime's intra-op threads (default: every available core; the torch backend
-    runs on torch's threads as the process set them); `name`
-    the model id clients send (default: the folder's name); `engine="openvino"` runs a text-generation export's
-    prompt steps (prefill chunks) in OpenVINO in `openvino_precision` (`OrtModel.from_pretrained`). The engine is not
-    started."""
+    PyTorch vaswani folder (`backend="torch"`), local or a Hub repository id; `threads` ONNX Runtime's intra-op threads
+    (default: every available core; the torch backend runs on torch's threads as the process set them); `name` the
+    model id clients send (default: the folder's name); `engine` the runtime of an export (`OrtModel.from_pretrained`:
+    "openvino" runs a text-generation export's prompt steps, and decode steps where faster, in OpenVINO in
+    `openvino_precision`). A text-generation export is served by its decoder runtime's step model and batch kind
+    (`model.decoder_runtime.step_model()`). The scheduler is not started."""
     if name is None:  # a local folder's name as given (a symlink's own, "."'s directory); a Hub id as it is
         name = Path(os.path.abspath(folder)).name if Path(folder).exists() else str(folder)
     folder = resolve_folder(folder)
@@ -174,42 +177,23 @@ def load_service(
             raise ValueError(
                 f"{folder} has no manifest.json: it is not an ONNX export. For a PyTorch folder pass --backend torch."
             )
-        manifest = json.loads((folder / "manifest.json").read_text())
-        task = manifest["task"]
-        if task in GENERATION_TASKS:
-            from ..runtime import OrtModelForCausalLM
-            from ..runtime.gqa import is_gqa_form
+        from ..runtime import class_for_task
 
-            if provider != "cpu" and is_gqa_form(manifest):
-                raise ValueError(
-                    f"{folder} holds the GroupQueryAttention form of the decoder (what --quantize and --optimize "
-                    f"write), which runs on the CPU only; serve it with --device cpu, or export for {provider} with "
-                    "--attention portable."
-                )
-
-            model = OrtModelForCausalLM.from_pretrained(
-                folder,
-                provider,
-                session_options=session_options(threads),
-                engine=engine,
-                openvino_precision=openvino_precision,
+        task = json.loads((folder / "manifest.json").read_text())["task"]
+        served = (*GenerationService.tasks, *EncoderService.kinds)
+        if task not in served:
+            raise ValueError(
+                f"{folder} holds a {task!r} export; vaswani serve serves text-generation (chat and completions), "
+                f"feature-extraction (embeddings) and text-classification exports."
             )
-            scheduler = Scheduler(step_model(model), max_batch, max_waiting, prefill_chunk)
-            return GenerationService(name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer))
-        if engine == "openvino":
-            raise ValueError(f"{folder} holds a {task!r} export; engine={engine!r} serves text-generation exports.")
-        if task in ENCODER_TASKS:
-            from ..runtime import OrtModelForFeatureExtraction, OrtModelForSequenceClassification
-
-            model_class = (
-                OrtModelForFeatureExtraction if task == "feature-extraction" else OrtModelForSequenceClassification
-            )
-            model = model_class.from_pretrained(folder, provider, session_options=session_options(threads))
+        # The engine (and, for a causal LM, its decoder runtime) is the model's to choose and to refuse with the fix.
+        options = dict(session_options=session_options(threads), engine=engine, openvino_precision=openvino_precision)
+        model = class_for_task(task).from_pretrained(folder, provider, **options)
+        if task in EncoderService.kinds:
             return EncoderService(name, tokenizer, model, task)
-        raise ValueError(
-            f"{folder} holds a {task!r} export; vaswani serve serves text-generation (chat and completions), "
-            f"feature-extraction (embeddings) and text-classification exports."
-        )
+        step_model = model.decoder_runtime.step_model()
+        scheduler = Scheduler(step_model, max_batch, max_waiting, prefill_chunk)
+        return GenerationService(name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer))
     if engine == "openvino":
         raise ValueError(f"engine={engine!r} runs ONNX exports; it cannot serve with backend={backend!r}.")
     if backend == "torch":

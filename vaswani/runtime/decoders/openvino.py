@@ -1,0 +1,162 @@
+"""The OpenVINO runtime (`engine="openvino"`, `pip install 'vaswani[openvino]'`): the portable decoder graph compiled
+by OpenVINO for the CPU and made stateful (`openvino.OpenVinoDecoder`), beside ONNX Runtime's session of the same
+graph file. Prompts (calls of more than one token per row) run in OpenVINO; `generate`'s greedy/sampling loop and
+the server's running batch run every step in OpenVINO with the cache held inside, where `decodes_in_openvino` says
+it was measured faster; other one-token calls (`forward`, beam search, a quantized export's single row) run in ONNX
+Runtime. Both compile the same graph, so each one's present cache is the other's past.
+
+**Held by OpenVINO** (`OpenVinoBatch`, with the portable runtime's `PrefillGroup`): a left-padded batch whose cache,
+between OpenVINO's decode steps, stays inside one infer request of the stateful graph, so that a step feeds only the
+tokens; joins and leaves read it out and write it back once.
+
+    >>> model = OrtModelForCausalLM.from_pretrained("onnx-folder", engine="openvino")  # bf16 where the CPU has it
+    >>> model.decoder_runtime.description
+"""
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..contract import is_gqa_form, positions_from_mask
+from ..held_cache import held_cache_sample
+from ..openvino import OpenVinoDecoder, openvino_precision, route_description, unreadable_form_refusal
+from .portable import Array, OrtStepModel, PortableRuntime, RunningBatch
+
+CPU = "CPUExecutionProvider"
+
+
+class OpenVinoRuntime(PortableRuntime):
+    """OpenVINO for prompts and, where faster, decode steps, ONNX Runtime for the rest (the portable runtime, whose
+    calls this routes by their length). `provider` reports "OpenVINO (bf16)" or "OpenVINO (f32)"."""
+
+    name = "openvino"
+    engine = "openvino"
+    title = "OpenVINO"
+    auto_reason = "a portable text-generation export, and this CPU computes bf16"
+
+    @classmethod
+    def refusal(cls, request) -> str | None:
+        task = request.manifest["task"]
+        if request.provider != CPU or task != "text-generation":
+            return (
+                f"engine='openvino' runs text-generation exports on the CPU; {request.folder} holds a {task!r} "
+                f"export and {request.provider} was asked for. Use engine='onnxruntime' for it."
+            )
+        if request.use_io_binding:
+            return "engine='openvino' passes numpy arrays; leave use_io_binding unset."
+        return unreadable_form_refusal(request.folder, request.manifest)
+
+    @classmethod
+    def auto_refusal(cls, manifest: dict, provider: str) -> str | None:
+        if manifest["task"] != "text-generation":
+            return f"the export's task is {manifest['task']!r} (OpenVINO runs text-generation exports)"
+        if provider != CPU:
+            return f"it runs on {provider} (OpenVINO runs on the CPU)"
+        if is_gqa_form(manifest):
+            return "the export is in the GroupQueryAttention form, which only ONNX Runtime runs"
+        if openvino_precision("auto") != "bf16":  # raises ImportError without OpenVINO
+            return "this CPU does not compute bfloat16 (OpenVINO in f32 measured slower than ONNX Runtime there)"
+        return None
+
+    @classmethod
+    def load(cls, model: Any, request) -> "OpenVinoRuntime":
+        precision = openvino_precision(request.openvino_precision)
+        graph = model.graphs[model.decoding_graph]
+        threads = graph.session.get_session_options().intra_op_num_threads  # OpenVINO gets ONNX Runtime's count
+        positions = getattr(model.config, "max_position_embeddings", None)
+        decoder = OpenVinoDecoder(request.folder / graph.file, model.manifest, precision, threads, positions)
+        return cls(model, decoder)
+
+    def __init__(self, model: Any, openvino: OpenVinoDecoder):
+        super().__init__(model)
+        self.openvino = openvino
+
+    @property
+    def provider(self) -> str:
+        return self.openvino.provider
+
+    @property
+    def description(self) -> str:
+        return route_description(self.provider)
+
+    def decodes_in_openvino(self, batch: int) -> bool:
+        """Whether OpenVINO runs the decode steps of a `batch`-row generation: measured faster for unquantized
+        exports at any batch and for quantized ones from two rows (at one row ONNX Runtime's `MatMulNBits` decode
+        steps were faster: docs/results/openvino_route_1b_cpu.md)."""
+        return self.model.manifest.get("quantization") is None or batch > 1
+
+    @staticmethod
+    def is_prompt(inputs: dict[str, torch.Tensor]) -> bool:
+        """A call of more than one token per row: OpenVINO's (the others are ONNX Runtime's)."""
+        ids = inputs.get("input_ids")
+        return ids is None or ids.dim() < 2 or ids.shape[1] > 1
+
+    def run(self, inputs, past, buffers):
+        if not self.is_prompt(inputs):
+            return super().run(inputs, past, buffers)
+        logits, present = self.run_arrays(inputs, [tensor.numpy() for tensor in past])
+        return logits, [torch.from_numpy(array) for array in present]
+
+    def run_arrays(self, inputs, past):
+        session = self.openvino if self.is_prompt(inputs) else None  # None: ONNX Runtime's session
+        return self.model.decoding.run_arrays(inputs, past, session)
+
+    def sample(self, input_ids, attention_mask, position_ids, logits_processor, stopping_criteria, generation_config):
+        if not self.decodes_in_openvino(input_ids.shape[0]):
+            return None  # the route: prompts in OpenVINO, steps in ONNX Runtime (`run_arrays`)
+        loop = (logits_processor, stopping_criteria, generation_config)
+        return held_cache_sample(self.openvino, input_ids, attention_mask, position_ids, *loop)
+
+    def step_model(self) -> "OpenVinoStepModel":
+        return OpenVinoStepModel(self.model, self)
+
+
+class OpenVinoStepModel(OrtStepModel):
+    """The step model of `engine="openvino"`: prompts prefilled by the route (`OrtStepModel`: chunks of several
+    tokens in OpenVINO), and running batches whose cache OpenVINO holds between its decode steps (`OpenVinoBatch`)."""
+
+    def __init__(self, model: Any, runtime: "OpenVinoRuntime"):
+        super().__init__(model)
+        self.runtime = runtime
+        self.decoder = runtime.openvino
+
+    def new_batch(self) -> "OpenVinoBatch":
+        return OpenVinoBatch(self)
+
+
+class OpenVinoBatch(RunningBatch):
+    """A `RunningBatch` whose decode steps OpenVINO runs on its stateful graph where
+    `OpenVinoRuntime.decodes_in_openvino` says so (else ONNX Runtime's, as the route), the cache held in one infer
+    request between them: such a step feeds only the tokens, mask and positions. A join, leave or trim reads the cache
+    out once (`cache`), `RunningBatch`'s own code edits it, and the next OpenVINO step writes it back."""
+
+    held = False  # whether the cache is in the request rather than in `_cache`
+
+    def __init__(self, model: OpenVinoStepModel):
+        self.runtime, self.decoder = model.runtime, model.decoder
+        self.request = self.decoder.new_request()
+        super().__init__(model)
+
+    @property
+    def cache(self) -> list[Array]:
+        if self.held:
+            self._cache, self.held = self.decoder.read_cache(self.request), False
+        return self._cache
+
+    @cache.setter
+    def cache(self, arrays: list[Array]) -> None:
+        self._cache, self.held = arrays, False
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        """Feed one token per row (`tokens`, (batch,)); returns the logits (batch, vocab)."""
+        if not self.runtime.decodes_in_openvino(len(self.rows)):
+            return super().step(tokens)
+        if not self.held:
+            self.decoder.write_cache(self.request, self._cache)
+            self._cache, self.held = [], True
+        mask = np.concatenate([self.mask, np.ones((len(self.rows), 1), dtype=np.int64)], axis=1)
+        positions = positions_from_mask(torch.from_numpy(mask))[:, -1:].numpy()
+        logits = self.decoder.infer(self.request, tokens.reshape(-1, 1), mask, positions)
+        self.mask = mask
+        return logits
