@@ -36,11 +36,6 @@ TORCH_CLASSES = {
     "fill-mask": AutoModelForMaskedLM,
     "text2text-generation": AutoModelForSeq2SeqLM,
 }
-ORT_CLASSES = {
-    "text-generation": "OrtModelForCausalLM",
-    "fill-mask": "OrtModelForMaskedLM",
-    "text2text-generation": "OrtModelForSeq2SeqLM",
-}
 
 
 @dataclass
