@@ -33,7 +33,7 @@ from vaswani.cli.main import main  # noqa: E402
 from vaswani.conversion.checkpoints import PARITY_TOLERANCE, ParityError, convert_checkpoint  # noqa: E402
 from vaswani.conversion.checkpoints import convert as checkpoint_folders  # noqa: E402
 from vaswani.data.tokenization import train_tokenizer  # noqa: E402
-from vaswani.export import export_onnx  # noqa: E402
+from vaswani.export import export_onnx, trace_onnx  # noqa: E402
 from vaswani.runtime import (  # noqa: E402
     OrtModelForMaskedLM,
     OrtModelForSeq2SeqLM,
@@ -111,12 +111,11 @@ def two_command_exports(llama_folder, tmp_path_factory) -> dict[str, Path]:
     (not validated again: only its graphs are compared)."""
     root = tmp_path_factory.mktemp("two-commands")
     convert_checkpoint(llama_folder, root / "vaswani")
-    return {
-        precision: export_onnx(
-            root / "vaswani", root / precision, quantize="int8" if options else None, validate=False
-        ).folder
-        for precision, options in QUANTIZE.items()
-    }
+    with trace_onnx(root / "vaswani") as traced:  # one trace, both precisions
+        return {
+            precision: traced.export(root / precision, quantize="int8" if options else None, validate=False).folder
+            for precision, options in QUANTIZE.items()
+        }
 
 
 def files(folder: Path) -> dict[str, bytes]:

@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from vaswani.export import OnnxValidationError, export_onnx  # noqa: E402
+from vaswani.export import OnnxValidationError, trace_onnx  # noqa: E402
 from vaswani.export.references import RoundingResponse  # noqa: E402
 from vaswani.export.validation import ROUNDING_MARGIN, widened_bounds  # noqa: E402
 from vaswani.quantization import SCHEMES, Quantization  # noqa: E402
@@ -56,9 +56,16 @@ def trained_scale_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def float_export(trained_scale_model, tmp_path_factory):
+def traced_scale_model(trained_scale_model):
+    """The model traced once, for its float32 export and its int8 ones."""
+    with trace_onnx(trained_scale_model, "text-generation") as traced:
+        yield traced
+
+
+@pytest.fixture(scope="module")
+def float_export(traced_scale_model, tmp_path_factory):
     """Its float32 export and every weight MatMul's recorded inputs and outputs."""
-    result = export_onnx(trained_scale_model, tmp_path_factory.mktemp("float") / "fp32", "text-generation")
+    result = traced_scale_model.export(tmp_path_factory.mktemp("float") / "fp32")
     return result.folder, record_graphs(result.folder)["model"]
 
 
@@ -123,9 +130,9 @@ def test_one_broken_matrix_fails_by_name_at_any_depth(
     assert failing[0].relative_rms >= abs(factor - 1) * 0.5  # the error is the corruption's, not rounding's
 
 
-def test_an_export_with_one_broken_matrix_fails_and_writes_nothing(trained_scale_model, tmp_path, monkeypatch):
-    """Through `export_onnx`: the middle layer's int8 down projection broken right after quantization (a quarter
-    off) stops the export with an error naming that matrix; nothing is written."""
+def test_an_export_with_one_broken_matrix_fails_and_writes_nothing(traced_scale_model, tmp_path, monkeypatch):
+    """Through an export (`export_onnx`'s second stage): the middle layer's int8 down projection broken right after
+    quantization (a quarter off) stops the export with an error naming that matrix; nothing is written."""
     int8 = SCHEMES["int8"]
 
     def quantize_then_break(path, *args, **kwargs):
@@ -136,12 +143,12 @@ def test_an_export_with_one_broken_matrix_fails_and_writes_nothing(trained_scale
     monkeypatch.setitem(SCHEMES, "int8", replace(int8, graph_pass=quantize_then_break))
     output = tmp_path / "int8"
     with pytest.raises(OnnxValidationError, match=rf"layers\.{POSITIONS['middle']}\.mlp\.down_proj.*relative RMS"):
-        export_onnx(trained_scale_model, output, "text-generation", quantize="int8")
+        traced_scale_model.export(output, quantize="int8")
     assert not output.exists()
 
 
-def test_the_manifest_records_every_matrix_of_an_honest_export(trained_scale_model, tmp_path):
-    result = export_onnx(trained_scale_model, tmp_path / "int8", "text-generation", quantize="int8")
+def test_the_manifest_records_every_matrix_of_an_honest_export(traced_scale_model, tmp_path):
+    result = traced_scale_model.export(tmp_path / "int8", quantize="int8")
     matmuls = result.manifest["validation"]["matmuls"]
     assert all(any(f"layers.{layer}.self_attn.o_proj" in row["weight"] for row in matmuls) for layer in range(LAYERS))
     assert all(row["relative_rms"] <= row["bound"] == MATMUL_BOUNDS[row["bits"]] for row in matmuls)
@@ -164,10 +171,8 @@ def amplifying_exports(tmp_path_factory):
     )  # fmt: skip
     root = tmp_path_factory.mktemp("amplifying")
     LlamaForCausalLM(config).eval().save_pretrained(root / "llama")
-    return {
-        quantize: export_onnx(root / "llama", root / quantize, "text-generation", quantize=quantize).validation
-        for quantize in ("int8", "int4")
-    }
+    with trace_onnx(root / "llama", "text-generation") as traced:  # one trace, both forms
+        return {quantize: traced.export(root / quantize, quantize=quantize).validation for quantize in ("int8", "int4")}
 
 
 @pytest.mark.parametrize("quantize", ["int8", "int4"])

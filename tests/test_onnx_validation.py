@@ -19,7 +19,14 @@ onnx_ir = pytest.importorskip("onnx_ir")
 
 from vaswani import VaswaniForCausalLM  # noqa: E402
 from vaswani.cli.main import main  # noqa: E402
-from vaswani.export import OnnxValidationError, export_onnx, formulations, validate_onnx_export, validation  # noqa: E402
+from vaswani.export import (  # noqa: E402
+    OnnxValidationError,
+    export_onnx,
+    formulations,
+    trace_onnx,
+    validate_onnx_export,
+    validation,
+)
 from vaswani.export import exporter as onnx_export  # noqa: E402
 from vaswani.export import trace as export_trace  # noqa: E402
 from vaswani.runtime.contract import save_graph  # noqa: E402
@@ -214,10 +221,10 @@ def quantized_exports(tmp_path_factory):
     root = tmp_path_factory.mktemp("quantized")
     model = build_model(VaswaniForCausalLM, tiny_decoder_config(position_embedding_type="rope", num_key_value_heads=2))
     model.save_pretrained(root / "model")
-    folders = {
-        quantize: export_onnx(root / "model", root / quantize, "text-generation", quantize=quantize, validate=False)
-        for quantize in ("int8", "int4")
-    }
+    with trace_onnx(root / "model", "text-generation") as traced:  # one trace, both forms
+        folders = {
+            quantize: traced.export(root / quantize, quantize=quantize, validate=False) for quantize in ("int8", "int4")
+        }
     return model, {quantize: result.folder for quantize, result in folders.items()}
 
 

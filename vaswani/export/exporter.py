@@ -39,6 +39,7 @@ from ..conversion.checkpoints.convert import copy_tokenizer, is_transformers_fol
 from ..folders import check_output_folder
 from ..quantization import Quantization, as_quantization
 from ..quantization.int4 import CALIBRATION_WINDOW, calibration_windows
+from ..quantization.sensitivity import export_row_scores
 from ..runtime.contract import (
     DTYPES,
     Decision,
@@ -118,6 +119,7 @@ class TracedModel:
         self.spent = False  # the float graphs were moved into an export (`export(..., last=True)`)
         self._references: PyTorchReferences | None = None
         self._responses: dict[tuple[int, bool], object] = {}
+        self._row_scores: dict[tuple, object] = {}
         self._float_report: ValidationReport | None = None
         self._cleanup = None
 
@@ -242,6 +244,25 @@ class TracedModel:
             manifest.update(form or {"attention_form": "portable"})
         manifest["decisions"] = [decision.to_json() for decision in decisions + _attention_decisions(form)]
         return manifest
+
+    def row_scores(self, quantization: Quantization, text: str | None):
+        """`sensitivity.export_row_scores` for an int4 form's 8-bit budget (a PyTorch pass over calibration text),
+        once per budget, block size and layout: the scores and inputs' mean squares, or None where no text could be
+        scored (logged)."""
+        key = (quantization.eight_bit_budget, quantization.block_size, quantization.symmetric, text)
+        if key not in self._row_scores:
+            self._row_scores[key] = export_row_scores(
+                self.export_model,
+                self.tokenizer_folder,
+                text,
+                quantization.eight_bit_budget,
+                quantization.block_size,
+                # A budget other than the scheme's default was asked for: without calibration text it is an error.
+                explicit=quantization.eight_bit_budget != quantization.scheme.defaults.eight_bit_budget,
+                say=self.say,
+                symmetric=quantization.symmetric,
+            )
+        return self._row_scores[key]
 
     def validate_float(self, references: PyTorchReferences) -> ValidationReport:
         """The float graphs against PyTorch at the default tolerance, once: before any form is derived, since their
@@ -404,6 +425,9 @@ def export_onnx(
     quantization = as_quantization(quantize)
     traced = TracedModel.load(model_or_folder, task, dtype=dtype, device=device, opset=opset, progress=progress)
     traced.check_request(output_dir, quantization, attention, overwrite, calibration_text)
+    if quantization is not None and quantization.spends_eight_bit_budget:
+        # Before tracing, as every check: an explicit budget that cannot be spent is an error.
+        traced.row_scores(quantization, calibration_text)
     workdir = output_dir.parent if output_dir.parent.is_dir() else None  # the same disk: the graphs move, not copy
     with traced.trace(stamp_layers, workdir):
         return traced.export(

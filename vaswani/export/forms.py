@@ -16,7 +16,6 @@ from ..folders import staged_folder
 from ..quantization import Quantization
 from ..quantization.int4 import calibrate
 from ..quantization.matmul_check import quantized_matmul_errors, record_graphs
-from ..quantization.sensitivity import export_row_scores
 from ..runtime.contract import Decision, load_manifest, write_manifest
 from .decoder_attention import fuse_decoder_attention_file
 from .gqa_rewrite import attention_form_plan, rewrite_decoder_attention
@@ -51,18 +50,8 @@ def derive_form(
     wants_gqa = attention_form_plan(attention, quantization is not None, optimize)
     decisions = list(traced.decisions)  # this form's own are added to the trace's
     row_scores = input_mean_squares = None
-    if quantization is not None and quantization.bits == 4 and quantization.eight_bit_budget > 0:
-        calibration = export_row_scores(
-            traced.export_model,
-            traced.tokenizer_folder,
-            calibration_text,
-            quantization.eight_bit_budget,
-            quantization.block_size,
-            # A budget other than the scheme's default was asked for: without calibration text it is an error.
-            explicit=quantization.eight_bit_budget != quantization.scheme.defaults.eight_bit_budget,
-            say=say,
-            symmetric=quantization.symmetric,
-        )
+    if quantization is not None and quantization.spends_eight_bit_budget:
+        calibration = traced.row_scores(quantization, calibration_text)
         if calibration is None:  # the default budget could not be spent: the manifest says 0, as the graph is
             why = "no calibration text could be scored: no output head, no tokenizer, or ids outside the vocabulary"
             # export_row_scores logged which, as a warning.

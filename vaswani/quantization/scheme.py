@@ -103,6 +103,11 @@ class Quantization:
         return self.method == "gptq"
 
     @property
+    def spends_eight_bit_budget(self) -> bool:
+        """Whether some 4-bit matrices may be kept in 8 bits, ranked on calibration text (`sensitivity.py`)."""
+        return self.bits == 4 and self.eight_bit_budget > 0
+
+    @property
     def scheme(self) -> "QuantizationScheme":
         """The registered scheme this quantization belongs to (by its manifest name)."""
         return scheme_named(self.name)
