@@ -162,7 +162,7 @@ def write_reference_folder(
 def _write_tokenizer(output: Path, source: str | Path | None, vocab_size: int) -> None:
     if source is None:
         from vaswani.data import corpus_stories
-        from vaswani.training.chat_data import chat_tokenizer
+        from vaswani.data.chat import chat_tokenizer
 
         chat_tokenizer(corpus_stories()[:300], vocab_size=1000).save_pretrained(output)
         return

@@ -14,8 +14,8 @@ from conftest import build_model, tiny_decoder_config
 
 from vaswani import VaswaniForCausalLM
 from vaswani.data import corpus_stories
+from vaswani.data.chat import chat_tokenizer
 from vaswani.export import export_onnx
-from vaswani.training.chat_data import chat_tokenizer
 
 # Rope, grouped-query attention: the shape of the real chat models. A long context, so that a stream can be cut in
 # the middle (a tiny model decodes a token in about a millisecond).

@@ -1,4 +1,4 @@
-"""LoRA, chat data, packing, data-sized blocks and training progress in `vaswani finetune` (and `vaswani.training.chat_data`).
+"""LoRA, chat data, packing, data-sized blocks and training progress in `vaswani finetune` (and `vaswani.data.chat`).
 
 Oracles: transformers' own assistant-token mask (`apply_chat_template(return_assistant_tokens_mask=True)`, from the
 template's `generation` block) for the chat labels; a padded evaluation for packing; PEFT's `PeftModel` (base +
@@ -18,7 +18,7 @@ from transformers import AutoTokenizer, TrainerCallback
 
 from vaswani import VaswaniDecoderConfig, VaswaniForCausalLM
 from vaswani.data import chat_demo, corpus_stories
-from vaswani.training.chat_data import IGNORE_INDEX, assistant_character_spans, chat_example, chat_tokenizer
+from vaswani.data.chat import IGNORE_INDEX, assistant_character_spans, chat_example, chat_tokenizer
 from vaswani.training.finetuning import finetune
 
 COMMON = "--use_cpu --disable_tqdm true --report_to none --save_strategy no --logging_steps 1 --seed 0"

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from vaswani.data import corpus_stories  # noqa: E402
-from vaswani.training.chat_data import chat_tokenizer  # noqa: E402
+from vaswani.data.chat import chat_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ("convert", "export", "finetune", "chat", "perplexity", "bench", "serve")

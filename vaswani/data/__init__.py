@@ -1,4 +1,6 @@
-"""Data shipped with the package: `corpus.txt`, original short stories for training tiny models offline.
+"""Data shipped with the package: `corpus.txt`, original short stories for training tiny models offline; the
+byte-level BPE tokenizer trained on it (`tokenization.py`); chat data in the messages format (`chat.py`) and the
+demo's chat set (`chat_demo.py`).
 
 The corpus was written by `examples/make_corpus.py` (a small random grammar, fixed seed), not copied from
 anywhere; stories are separated by a blank line.

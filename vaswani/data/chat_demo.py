@@ -1,7 +1,7 @@
 """The chat journey's demo: build a small LLaMA chat checkpoint and a conversations file locally, to try the chat fine-tuning journey offline.
 
 The checkpoint is a transformers `LlamaForCausalLM` with random weights and a byte-level BPE tokenizer trained on the
-packaged corpus, with ChatML special tokens and chat template (`vaswani.training.chat_data.chat_tokenizer`): the same folder layout
+packaged corpus, with ChatML special tokens and chat template (`vaswani.data.chat.chat_tokenizer`): the same folder layout
 as a real chat model, so `vaswani convert` takes it. The conversations are JSON lines in the messages format, two
 turns each, made from the corpus stories: the user asks for a story, the assistant tells its beginning; the user asks
 how it ends, the assistant tells its last sentence.
@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from ..training.chat_data import chat_tokenizer
 from . import corpus_stories
+from .chat import chat_tokenizer
 
 SYSTEM_PROMPT = "You tell short stories for children."
 

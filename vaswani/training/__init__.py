@@ -1,5 +1,5 @@
-"""Training vaswani models with transformers' `Trainer`: the paper's recipe (`trainer.py`), chat data for
-fine-tuning (`chat_data.py`) and `vaswani finetune` (`finetuning/`).
+"""Training vaswani models with transformers' `Trainer`: the paper's recipe (`trainer.py`) and `vaswani finetune`
+(`finetuning/`); chat data for fine-tuning is `vaswani.data.chat`.
 
 Example:
     >>> from vaswani.training import VaswaniTrainer, VaswaniTrainingArguments

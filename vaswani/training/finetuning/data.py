@@ -11,7 +11,7 @@ from pathlib import Path
 import datasets
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-from ..chat_data import IGNORE_INDEX, chat_example
+from ...data.chat import IGNORE_INDEX, chat_example
 from .arguments import DEFAULT_LENGTH_CAP, FILE_BUILDERS, FinetuneArguments
 
 logger = logging.getLogger("vaswani.finetune")
@@ -71,7 +71,7 @@ def causal_lm_blocks(documents: datasets.Dataset, block_size: int, drop_last_blo
 def tokenize_conversations(
     dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, messages_column: str
 ) -> datasets.Dataset:
-    """Conversations rendered with the chat template, labelled on the assistant's tokens only (`vaswani.training.chat_data`)."""
+    """Conversations rendered with the chat template, labelled on the assistant's tokens only (`vaswani.data.chat`)."""
 
     def encode(batch: dict[str, list]) -> dict[str, list]:
         examples = [chat_example(tokenizer, messages) for messages in batch[messages_column]]

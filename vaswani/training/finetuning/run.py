@@ -24,8 +24,8 @@ from transformers import (
     set_seed,
 )
 
+from ...data.chat import IGNORE_INDEX
 from ...folders import replace_folder
-from ..chat_data import IGNORE_INDEX
 from ..trainer import TrainingProgress, VaswaniTrainer, VaswaniTrainingArguments, save_loss_curve
 from .arguments import LORA_TARGET_MODULES, LORA_TASK_TYPES, TASK_MODELS, FinetuneArguments, infer_task, parse_args
 from .data import prepare_features

@@ -7,7 +7,7 @@ tokens the assistant wrote (its content and the template's end-of-turn marker); 
 role headers and the user's and system's turns, gets the label -100, which the loss ignores.
 
 Example:
-    >>> from vaswani.training.chat_data import chat_example, chat_tokenizer
+    >>> from vaswani.data.chat import chat_example, chat_tokenizer
     >>> from vaswani.data import corpus_stories
     >>> tokenizer = chat_tokenizer(corpus_stories()[:200], vocab_size=300)
     >>> example = chat_example(tokenizer, [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello."}])
@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from ..data.tokenization import train_tokenizer
+from .tokenization import train_tokenizer
 
 IGNORE_INDEX = -100  # the label PyTorch's cross-entropy (and so every transformers loss) skips
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
