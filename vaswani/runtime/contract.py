@@ -1,4 +1,4 @@
-"""The I/O contract of an exported folder (format version 1): what each graph takes and returns, how the folder is
+"""The I/O contract of an exported folder (`FORMAT_VERSION`): what each graph takes and returns, how the folder is
 laid out, and the manifest that describes it to clients in any language. The README spells it out for them.
 
 - `<graph>.onnx` + `<graph>.onnx.data` (weights, always external), `config.json`, `generation_config.json` for

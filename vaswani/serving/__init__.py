@@ -6,7 +6,7 @@ Where things are:
 - `batches.py`: the interface the scheduler drives (`Batch`, `Prefill`) and PyTorch's step model (`TorchStepModel`);
   an export's step model and batch kind come from its decoder runtime (`model.decoder_runtime.step_model()`,
   `vaswani.runtime.decoders`: left-padded, per-row lengths in in-place KV buffers, or held by OpenVINO).
-- `scheduler.py`: the engine thread: admission, chunked prefill, one decoding step for every running sequence,
+- `scheduler.py`: the scheduler thread: admission, chunked prefill, one decoding step for every running sequence,
   the queue limit, the watchdog's liveness.
 - `sampling.py`: each row's token: transformers' own logits processors and a seeded draw, as offline `generate`.
 - `text.py`: incremental detokenization and stop strings for streams.

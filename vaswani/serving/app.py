@@ -1,10 +1,10 @@
 """The HTTP side: FastAPI routes in the OpenAI API's shape over a loaded service (`models.load_service`).
 
-Routes: `GET /health` (200 while the engine thread runs, 503 with the reason once it died), `GET /metrics`
+Routes: `GET /health` (200 while the scheduler thread runs, 503 with the reason once it died), `GET /metrics`
 (Prometheus), `GET /v1/models`; for a causal LM `POST /v1/chat/completions` and `POST /v1/completions` (streamed as
 server-sent events with `stream: true`); for an encoder `POST /v1/embeddings` or `POST /v1/classifications`.
 Every error is a 4xx (5xx for a failure inside the model) with OpenAI's error body; a full queue is a 429 with
-`Retry-After`, a body over `max_body_bytes` a 413 (answered before the body is read), a request while the engine is
+`Retry-After`, a body over `max_body_bytes` a 413 (answered before the body is read), a request while the scheduler is
 down a 503. A client that disconnects, streamed or not, has its sequences cancelled: their rows leave the batch at the
 next step and its handler returns at once.
 
@@ -54,7 +54,7 @@ from .protocol import (
     usage_chunk_body,
 )
 from .sampling import TokenLogprobs
-from .scheduler import EngineDead, Event, QueueFull, SamplingParams, Sequence
+from .scheduler import SchedulerDead, Event, QueueFull, SamplingParams, Sequence
 from .services import EncoderService, GenerationService
 from .text import TextStream
 
@@ -71,7 +71,7 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     request_timeout: float | None = None,
 ) -> FastAPI:
-    """The FastAPI app serving `service`; its engine starts with the app and stops with it.
+    """The FastAPI app serving `service`; its scheduler starts with the app and stops with it.
 
     Args:
         api_key: if set, `/v1/...` requests need `Authorization: Bearer <api_key>` (401 otherwise).
@@ -108,10 +108,10 @@ def create_app(
     async def health() -> JSONResponse:
         # The process id tells replicas apart behind a router (Ray Serve).
         body = {"status": "ok", "model": service.name, "pid": os.getpid(), **service.stats()}
-        engine = getattr(service, "scheduler", None)
-        if engine is not None and not engine.alive:
+        scheduler = getattr(service, "scheduler", None)
+        if scheduler is not None and not scheduler.alive:
             # The watchdog's answer: a load balancer or Kubernetes takes the replica out, and restarts it.
-            reason = engine.failure or ("the engine is stopping." if engine.stopping else "the engine is not started.")
+            reason = scheduler.failure or ("the scheduler is stopping." if scheduler.stopping else "the scheduler is not started.")
             return JSONResponse({**body, "status": "unavailable", "error": reason}, status_code=503)
         return JSONResponse(body)
 
@@ -242,7 +242,7 @@ def encoder_service(service: Any, name: str, kind: str) -> EncoderService:
 
 
 class LoopDispatcher:
-    """Hands engine events (from the engine thread) to asyncio queues on one event loop, with one wake-up of the loop
+    """Hands scheduler events (from the scheduler thread) to asyncio queues on one event loop, with one wake-up of the loop
     per burst of events: a decoding step emits a token for every running sequence at once, and a wake-up per token
     would cost a write to the loop's self-pipe each."""
 
@@ -305,18 +305,18 @@ class Answer:
                 self.sequences.append(service.scheduler.submit(prompt, choice_params, emit))
         except QueueFull:
             self.cancel()
-            engine = service.scheduler
+            scheduler = service.scheduler
             # The request's own choices that were queued before the limit are not others' waiting requests.
-            others = sum(1 for sequence in list(engine.waiting) if sequence not in self.sequences)
+            others = sum(1 for sequence in list(scheduler.waiting) if sequence not in self.sequences)
             raise OpenAIError(
-                f"The server is at capacity: {others} other requests are waiting (the limit is {engine.max_waiting}) "
+                f"The server is at capacity: {others} other requests are waiting (the limit is {scheduler.max_waiting}) "
                 f"and this one asks for {len(params)} sequences. Retry after {RETRY_AFTER_SECONDS} s.",
                 status=429,
                 type="rate_limit_error",
                 code="queue_full",
                 headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
             ) from None
-        except EngineDead as error:
+        except SchedulerDead as error:
             self.cancel()
             raise engine_unavailable(str(error)) from None
         if timeout is not None:
@@ -344,7 +344,7 @@ class Answer:
         self, streams: list[TextStream]
     ) -> AsyncIterator[tuple[int, str, str | None, tuple[int, TokenLogprobs] | None]]:
         """(choice index, new text, finish reason or None, (token, its log probabilities) where asked for) until every
-        choice finished; a stop string cancels its sequence and finishes the choice with "stop". A 503 when the engine
+        choice finished; a stop string cancels its sequence and finishes the choice with "stop". A 503 when the scheduler
         died (or stops) under the request, a 500 when its step failed."""
         finished = [False] * len(self.sequences)
         last: list[float | None] = [None] * len(self.sequences)  # when each choice's latest token came
@@ -352,7 +352,7 @@ class Answer:
         while pending:
             index, event = await self.queue.get()
             if finished[index]:
-                continue  # tokens the engine made before it saw the cancellation, or its "abort"
+                continue  # tokens the scheduler made before it saw the cancellation, or its "abort"
             stream = streams[index]
             if event.error is not None:
                 if not self.service.scheduler.alive:
@@ -398,7 +398,7 @@ def engine_unavailable(reason: str) -> OpenAIError:
 
 
 def sampling_params(service: GenerationService, body: Any, max_tokens: int) -> list[SamplingParams]:
-    """The engine's parameters of the request's `n` choices (of one prompt): choice j's seed is seed + j."""
+    """The scheduler's parameters of the request's `n` choices (of one prompt): choice j's seed is seed + j."""
     try:
         return [
             SamplingParams(
@@ -417,7 +417,7 @@ def sampling_params(service: GenerationService, body: Any, max_tokens: int) -> l
             )
             for index in range(body.n)
         ]
-    except ValueError as error:  # the request model checks the same ranges; this is the engine's own guard
+    except ValueError as error:  # the request model checks the same ranges; this is the scheduler's own guard
         raise OpenAIError(f"Invalid sampling parameters: {error}.") from None
 
 

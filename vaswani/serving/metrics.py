@@ -5,7 +5,7 @@ Names follow Prometheus' conventions (`_total` counters, `_seconds` histograms) 
 
 - `vaswani_requests_total{route, status}`: HTTP requests answered, by route (the path; "other" for an unknown one, so
   a scanner cannot grow the label set) and status code.
-- `vaswani_running_sequences`, `vaswani_prefilling_sequences`, `vaswani_waiting_sequences`: the engine's queues, read
+- `vaswani_running_sequences`, `vaswani_prefilling_sequences`, `vaswani_waiting_sequences`: the scheduler's queues, read
   at each scrape; `vaswani_engine_alive`: 1 while the engine thread runs (0 after it died: `/health` is 503).
 - `vaswani_time_to_first_token_seconds`: from a request's arrival to each choice's first token.
 - `vaswani_inter_token_latency_seconds`: between two tokens of a choice, as its client receives them.
@@ -30,7 +30,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256)
 
 
 class ServerMetrics:
-    """The Prometheus metrics of one app; `service` is read at each scrape for the engine's gauges."""
+    """The Prometheus metrics of one app; `service` is read at each scrape for the scheduler's gauges."""
 
     def __init__(self, service: Any):
         self.registry = CollectorRegistry(auto_describe=True)
@@ -58,14 +58,14 @@ class ServerMetrics:
         self.batch_size = Histogram(
             "vaswani_batch_size", "Running sequences per decoding step.", buckets=BATCH_BUCKETS, registry=registry
         )
-        engine = getattr(service, "scheduler", None)
-        if engine is not None:
+        scheduler = getattr(service, "scheduler", None)
+        if scheduler is not None:
             for name, key in (("running", "running"), ("prefilling", "prefilling"), ("waiting", "waiting")):
-                gauge = Gauge(f"vaswani_{name}_sequences", f"Sequences {name} in the engine.", registry=registry)
-                gauge.set_function(lambda key=key: engine.stats()[key])
+                gauge = Gauge(f"vaswani_{name}_sequences", f"Sequences {name} in the scheduler.", registry=registry)
+                gauge.set_function(lambda key=key: scheduler.stats()[key])
             alive = Gauge("vaswani_engine_alive", "1 while the engine thread runs, else 0.", registry=registry)
-            alive.set_function(lambda: float(engine.alive))
-            engine.step_listeners.append(self.batch_size.observe)
+            alive.set_function(lambda: float(scheduler.alive))
+            scheduler.step_listeners.append(self.batch_size.observe)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,4 +1,4 @@
-"""Scale-out on Ray Serve: N replicas of the same app (each with its own engine and continuous batching) behind Ray
+"""Scale-out on Ray Serve: N replicas of the same app (each with its own scheduler and continuous batching) behind Ray
 Serve's HTTP proxy and router (`pip install 'vaswani[ray]'`, which brings `ray[serve]`).
 
 Each replica loads the folder itself, so on a multi-machine Ray cluster the folder must be readable at the same path
@@ -40,18 +40,18 @@ class VaswaniReplica:
     def __init__(self, folder: str, options: dict[str, Any], app_options: dict[str, Any] | None = None):
         self.service = load_service(folder, **options)
         self.app_options = app_options or {}
-        engine = getattr(self.service, "scheduler", None)
-        if engine is not None:
-            engine.start()  # idempotent; Ray may or may not run the app's lifespan
+        scheduler = getattr(self.service, "scheduler", None)
+        if scheduler is not None:
+            scheduler.start()  # idempotent; Ray may or may not run the app's lifespan
 
     def __serve_build_asgi_app__(self):
         return create_app(self.service, **self.app_options)
 
 
 def replica_max_ongoing_requests(max_batch: int = 16, max_waiting: int = 64) -> int:
-    """How many requests Ray's router lets one replica hold at once: twice what the replica's engine can hold
+    """How many requests Ray's router lets one replica hold at once: twice what the replica's scheduler can hold
     (`max_batch` running plus `max_waiting` queued). Ray queues whatever is over this limit in front of the replica,
-    where no one can answer 429; above the engine's capacity, the replica itself answers 429 at once (OpenAI's
+    where no one can answer 429; above the scheduler's capacity, the replica itself answers 429 at once (OpenAI's
     error body, which clients retry), and `/health` and `/v1/models` still get through."""
     return 2 * (max_batch + max_waiting)
 
@@ -71,7 +71,7 @@ def build_ray_app(
     Each replica reserves `cpus_per_replica` CPUs and `gpus_per_replica` GPUs (default: 1 when `options` ask for
     `provider="cuda"`, else 0), runs in `runtime_env` (Ray's runtime environment: `env_vars`, `pip`,
     `working_dir`, ...), and is sent at most `max_ongoing_requests` requests at once (default:
-    `replica_max_ongoing_requests`, so that the engine's own queue limit, and its 429, is reached). `app_options`
+    `replica_max_ongoing_requests`, so that the scheduler's own queue limit, and its 429, is reached). `app_options`
     go to each replica's `create_app` (`api_key`, `allowed_origins`, `max_body_bytes`, `request_timeout`), `options`
     to `load_service` (`threads` defaults to the CPUs reserved).
 

@@ -1,4 +1,4 @@
-"""How the engine chooses each sequence's next token: one sampler, the same as offline `generate`'s.
+"""How the scheduler chooses each sequence's next token: one sampler, the same as offline `generate`'s.
 
 A sampled row's scores go through transformers' own logits processors, built from the request's values and applied in
 the order `GenerationMixin._get_logits_processor` applies them (the repetition penalty, then the caller's processors,

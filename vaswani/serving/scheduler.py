@@ -1,4 +1,4 @@
-"""Continuous batching: the engine thread that decodes every running sequence in one batch, one token per step.
+"""Continuous batching: the scheduler thread that decodes every running sequence in one batch, one token per step.
 
 A submitted sequence waits in a bounded queue (`QueueFull` past it: the server answers 429), is prefilled apart from
 the running batch, together with the other waiting prompts that fit (a `Prefill` of the step model, at most
@@ -14,12 +14,12 @@ Tokens are chosen per row by `sampling.choose_tokens`: greedy (argmax, as `gener
 `generate` samples, from the row's own random generator (its `seed`), so rows never influence each other's tokens; a
 row whose choice fails ends alone, with an error event, and the others go on.
 
-Each new token is handed to the sequence's `emit` callback on the engine thread; the server's callback moves it to
+Each new token is handed to the sequence's `emit` callback on the scheduler thread; the server's callback moves it to
 its asyncio loop. ONNX Runtime releases the GIL while a step runs, so the event loop serves HTTP meanwhile.
 
-    >>> engine = Scheduler(model.decoder_runtime.step_model(), max_batch=16)
-    >>> engine.start()
-    >>> engine.submit(prompt_ids, SamplingParams(max_tokens=64, temperature=0.0), emit=print)
+    >>> scheduler = Scheduler(model.decoder_runtime.step_model(), max_batch=16)
+    >>> scheduler.start()
+    >>> scheduler.submit(prompt_ids, SamplingParams(max_tokens=64, temperature=0.0), emit=print)
 """
 
 import itertools
@@ -42,19 +42,19 @@ log = logging.getLogger(__name__)
 
 
 class QueueFull(Exception):
-    """More sequences are waiting than the engine was configured to hold."""
+    """More sequences are waiting than the scheduler was configured to hold."""
 
 
-class EngineDead(Exception):
-    """The engine thread is not running (it died, or the engine was stopped): nothing submitted would ever run."""
+class SchedulerDead(Exception):
+    """The scheduler thread is not running (it died, or the scheduler was stopped): nothing submitted would ever run."""
 
 
 @dataclass
 class Event:
-    """What the engine tells a sequence's owner: a new `token`, and with the last one the `finish_reason` ("stop":
+    """What the scheduler tells a sequence's owner: a new `token`, and with the last one the `finish_reason` ("stop":
     an end-of-sequence token, "length": `max_tokens` or the context reached, "abort": `Scheduler.cancel`, "error": see
     `error`), and the token's `logprobs` where the sequence asked for them. Every sequence gets exactly one event with a
-    finish reason; a token the engine thread made while a cancellation was under way may still follow an "abort", and
+    finish reason; a token the scheduler thread made while a cancellation was under way may still follow an "abort", and
     owners ignore it."""
 
     token: int | None
@@ -110,12 +110,12 @@ class Scheduler:
         self.ids = itertools.count()
         self.thread: threading.Thread | None = None
         self.stopping = False
-        # Why the engine thread ended when nobody stopped it (the watchdog's answer: /health is then 503).
+        # Why the scheduler thread ended when nobody stopped it (the watchdog's answer: /health is then 503).
         self.failure: str | None = None
-        # Guards `Sequence.finished`: a sequence is finished by the engine thread (its last token, an error) or by
+        # Guards `Sequence.finished`: a sequence is finished by the scheduler thread (its last token, an error) or by
         # `cancel` on the server's, and only the first may send the final event.
         self.finishing = threading.Lock()
-        # Called on the engine thread with the batch size of each decoding step (for /metrics).
+        # Called on the scheduler thread with the batch size of each decoding step (for /metrics).
         self.step_listeners: list[Callable[[int], None]] = []
         self.steps = 0  # decoding steps so far, for /health and tests
         # Seconds spent in each part of the loop, for /health and the benchmark: the graph's calls (prefill, decode)
@@ -125,12 +125,12 @@ class Scheduler:
     # -- the API the server calls, from any thread
 
     def submit(self, prompt: list[int], params: SamplingParams, emit: Callable[[Event], None]) -> Sequence:
-        """Queue a sequence; its tokens go to `emit` (called on the engine thread). Raises `QueueFull`, or
-        `EngineDead` once the engine thread has died or the engine was stopped."""
+        """Queue a sequence; its tokens go to `emit` (called on the scheduler thread). Raises `QueueFull`, or
+        `SchedulerDead` once the scheduler thread has died or the scheduler was stopped."""
         sequence = Sequence(list(prompt), params, emit, id=next(self.ids))
         with self.wakeup:
             if self.failure is not None or self.stopping:
-                raise EngineDead(self.failure or "the engine is stopping.")
+                raise SchedulerDead(self.failure or "the scheduler is stopping.")
             if len(self.waiting) >= self.max_waiting + max(0, self.max_batch - self.busy):
                 raise QueueFull(f"{len(self.waiting)} requests are waiting (the limit is {self.max_waiting}).")
             self.waiting.append(sequence)
@@ -146,12 +146,12 @@ class Scheduler:
     @property
     def busy(self) -> int:
         """Sequences holding a slot: running or being prefilled."""
-        prefilling = self.prefilling  # once: the engine thread may clear it between two reads
+        prefilling = self.prefilling  # once: the scheduler thread may clear it between two reads
         return len(self.batch) + (len(prefilling.rows) if prefilling else 0)
 
     @property
     def alive(self) -> bool:
-        """Whether the engine thread is running (started, not stopped, not dead)."""
+        """Whether the scheduler thread is running (started, not stopped, not dead)."""
         return self.thread is not None and self.thread.is_alive() and self.failure is None and not self.stopping
 
     def stats(self) -> dict[str, Any]:
@@ -162,13 +162,13 @@ class Scheduler:
 
     def start(self) -> "Scheduler":
         if self.thread is None:
-            self.thread = threading.Thread(target=self._run, name="vaswani-engine", daemon=True)
+            self.thread = threading.Thread(target=self._run, name="vaswani-scheduler", daemon=True)
             self.thread.start()
         return self
 
     def stop(self) -> None:
-        """Stop the engine thread after its current step; sequences still waiting or running end with an error
-        event (the server drains its requests before it stops the engine, so normally there are none)."""
+        """Stop the scheduler thread after its current step; sequences still waiting or running end with an error
+        event (the server drains its requests before it stops the scheduler, so normally there are none)."""
         with self.wakeup:
             self.stopping = True
             self.wakeup.notify()
@@ -177,17 +177,17 @@ class Scheduler:
         if self.thread is None or not self.thread.is_alive():
             self._fail_all("the server is shutting down.", waiting=True)
 
-    # -- the engine thread
+    # -- the scheduler thread
 
     def _run(self) -> None:
         """The thread's body: the loop, and the watchdog's part when it ends unasked (an exception that escaped the
         loop's own handling, e.g. a BaseException): record why, and fail every sequence, waiting ones included, so
         that no request waits for a thread that is gone."""
-        reason = "the engine thread exited."
+        reason = "the scheduler thread exited."
         try:
             self._loop()
         except BaseException as error:  # the thread ends here either way; the log keeps the traceback
-            reason = f"the engine thread died: {type(error).__name__}: {error}"
+            reason = f"the scheduler thread died: {type(error).__name__}: {error}"
             log.critical("%s", reason, exc_info=True)
         finally:
             if not self.stopping:
@@ -314,7 +314,7 @@ class Scheduler:
                 self._finish(sequence, Event(token, reason, logprobs=choice.logprobs))
 
     def _finish(self, sequence: Sequence, event: Event) -> None:
-        """Send `sequence`'s final event, unless it already had one (`cancel` and the engine thread may race)."""
+        """Send `sequence`'s final event, unless it already had one (`cancel` and the scheduler thread may race)."""
         with self.finishing:
             if sequence.finished:
                 return
