@@ -5,24 +5,7 @@ Example:
     >>> from vaswani.training import VaswaniTrainer, VaswaniTrainingArguments
 """
 
-from .trainer import (
-    PAPER_SCHEDULER,
-    TensorDataset,
-    TrainingProgress,
-    VaswaniTrainer,
-    VaswaniTrainingArguments,
-    describe_device,
-    get_paper_schedule,
-    save_loss_curve,
-)
+from . import trainer
+from .trainer import *  # noqa: F403  (the names trainer.__all__ lists)
 
-__all__ = [
-    "PAPER_SCHEDULER",
-    "TensorDataset",
-    "TrainingProgress",
-    "VaswaniTrainer",
-    "VaswaniTrainingArguments",
-    "describe_device",
-    "get_paper_schedule",
-    "save_loss_curve",
-]
+__all__ = trainer.__all__
