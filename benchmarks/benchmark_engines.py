@@ -280,60 +280,6 @@ def set_ortgenai_threads(folder: Path, threads: int) -> None:
     path.write_text(json.dumps(config, indent=4))
 
 
-def build_reference_bart(folder: Path, seed: int = 0) -> None:
-    """The BART-shaped reference model (vocab 8000, d_model 512, 6+6 layers, 8 heads, FFN 2048, learned positions,
-    post-LN, GELU: benchmarks/benchmark.py's BART_SHAPE) as a transformers folder that CTranslate2's converter accepts:
-    BartForConditionalGeneration with seeded random weights and a byte-level BPE tokenizer trained on the
-    package's story corpus. Nothing is downloaded.
-
-    The corpus has too few frequent pairs for 8000 merges, so the vocabulary is filled up to the model's 8000 rows
-    with placeholder tokens: every id the model can emit then has a token string, which CTranslate2 needs (it takes
-    and returns tokens, not ids). CTranslate2's converter also needs an unknown token and reads
-    `config.normalize_before`, a field transformers 5 dropped from BartConfig (False: BART is post-LN)."""
-    import torch
-    from transformers import BartConfig, BartForConditionalGeneration
-
-    from benchmarks.benchmark import BART_SHAPE
-    from vaswani.data import corpus_stories
-    from vaswani.data.tokenization import train_tokenizer
-
-    vocab_size = BART_SHAPE["vocab_size"]
-    tokenizer = train_tokenizer(corpus_stories(), vocab_size=vocab_size, model_max_length=1024)
-    tokenizer.add_special_tokens({"unk_token": "<|unk|>"})
-    tokenizer.add_tokens([f"<|unused_{index}|>" for index in range(vocab_size - len(tokenizer))])
-    config = BartConfig(
-        **BART_SHAPE,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        decoder_start_token_id=tokenizer.eos_token_id,
-        forced_eos_token_id=None,  # BartConfig's default forces end-of-sequence as the last token; CTranslate2 does not
-        normalize_before=False,
-    )
-    torch.manual_seed(seed)
-    BartForConditionalGeneration(config).eval().save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-
-
-def seq2seq_step_parameters(folder: Path) -> int:
-    """Parameters one decoder step of a BART folder reads: the decoder's layers (less the cross-attention key and
-    value projections, applied to the encoder's output once per sequence), its layer norms and the LM head (the
-    shared embedding, read once); the learned position table is only gathered from (one row per token)."""
-    from safetensors import safe_open
-
-    total = 0
-    with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
-        for name in weights.keys():
-            shape = weights.get_slice(name).get_shape()
-            size = 1
-            for dimension in shape:
-                size *= dimension
-            cross_key_value = "encoder_attn.k_proj" in name or "encoder_attn.v_proj" in name
-            in_step = name.startswith("model.decoder.") and "embed_positions" not in name and not cross_key_value
-            total += size if in_step or name in ("model.shared.weight", "final_logits_bias") else 0
-    return total
-
-
 def weight_bytes(location: Path) -> int:
     """Bytes of weight files at `location` (a file, or a folder's model files)."""
     if location.is_file():
@@ -470,6 +416,8 @@ def main() -> None:
         parser.error("--make-reference-bart builds a seq2seq model; add --seq2seq")
     if args.make_reference_bart and not (args.model / "config.json").is_file():
         print(f"building the BART-shaped reference model at {args.model}", flush=True)
+        from benchmarks.reference_shapes import build_reference_bart
+
         build_reference_bart(args.model)
     if not (args.model / "config.json").is_file():
         parser.error(f"--model {args.model} has no config.json; pass a transformers model folder (see the docstring)")
@@ -531,6 +479,8 @@ def main() -> None:
         builds[name] = {"location": location, "seconds": seconds, "bytes": bytes_read_per_token(location)}
     fp32_bytes = weight_bytes(args.model)  # an fp32 safetensors folder: each parameter (the tied head once) x 4
     if args.seq2seq:  # a decoder step reads the decoder and the head, not the encoder (run once per sequence)
+        from benchmarks.reference_shapes import seq2seq_step_parameters
+
         step_parameters = seq2seq_step_parameters(args.model)
         fp32_bytes = step_parameters * 4
         for name, built in builds.items():  # 8-bit: one byte a weight (scales left out, so the bound is a bit high)

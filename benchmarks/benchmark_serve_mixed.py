@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.serve_workload import RequestRecord, make_workload, summarize
+from benchmarks.serve_workload import make_workload, run_workload, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -245,49 +245,6 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
-
-
-# ------------------------------------------------------------------------------------------------ client
-
-
-async def one_request(http, model: str, text: str, item, prompt_tokens: int, fixed_length: dict, start: float):
-    await asyncio.sleep(max(0.0, start + item.offset - time.perf_counter()))
-    body = {"model": model, "prompt": text, "max_tokens": item.output_len, "temperature": 0, "stream": True}
-    body["stream_options"] = {"include_usage": True}
-    body.update({key: item.output_len if value is None else value for key, value in fixed_length.items()})
-    record = RequestRecord(time.perf_counter(), [], 0, item.output_len, prompt_tokens)
-    usage = None
-    try:
-        async with http.stream("POST", "/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                record.error = f"{response.status_code}: {(await response.aread())[:300]!r}"
-                return record
-            async for line in response.aiter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                event = json.loads(line[6:])
-                if event.get("usage"):
-                    usage = event["usage"]
-                if event.get("choices") and event["choices"][0].get("text"):
-                    record.chunks.append(time.perf_counter())
-    except Exception as error:  # a failed request is counted as such, the run goes on
-        record.error = f"{type(error).__name__}: {error}"
-    record.output_tokens = usage["completion_tokens"] if usage else len(record.chunks)
-    return record
-
-
-async def run_workload(url: str, model: str, items, texts, prompt_counts, fixed_length: dict) -> list[RequestRecord]:
-    import httpx
-
-    limits = httpx.Limits(max_connections=len(items) + 4)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
-        start = time.perf_counter()
-        return await asyncio.gather(
-            *(
-                one_request(http, model, text, item, count, fixed_length, start)
-                for item, text, count in zip(items, texts, prompt_counts)
-            )
-        )
 
 
 # ------------------------------------------------------------------------------------------------ report

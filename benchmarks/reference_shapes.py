@@ -25,6 +25,9 @@ other benchmarks use), or with `--tokenizer DIR` the tokenizer files of another 
 vocabulary, which changes nothing in a decode step's cost. The generation config has no end-of-sequence token: every
 benchmark row decodes its full count.
 
+The seq2seq benchmarks' reference model is BART-shaped (`build_reference_bart`, benchmarks/benchmark.py's
+`BART_SHAPE`): `python -m benchmarks.benchmark_engines --seq2seq --make-reference-bart` writes it.
+
 Writing the weights holds one tensor at a time (each drawn from its own seeded generator and streamed into a single
 `model.safetensors`, as transformers writes a model under its 50 GB shard size), so a 1B folder needs about one
 embedding's worth of memory (0.5-1 GB), not the model's.
@@ -177,6 +180,62 @@ def _write_tokenizer(output: Path, source: str | Path | None, vocab_size: int) -
         raise ValueError(f"{source}'s tokenizer has {ids} ids; this shape's vocabulary has only {vocab_size}.")
     for name in copied:
         shutil.copy2(source / name, output / name)
+
+
+# ------------------------------------------------------------------ the BART-shaped reference model (seq2seq)
+
+
+def build_reference_bart(folder: Path, seed: int = 0) -> None:
+    """The BART-shaped reference model (vocab 8000, d_model 512, 6+6 layers, 8 heads, FFN 2048, learned positions,
+    post-LN, GELU: benchmarks/benchmark.py's BART_SHAPE) as a transformers folder that CTranslate2's converter accepts:
+    BartForConditionalGeneration with seeded random weights and a byte-level BPE tokenizer trained on the
+    package's story corpus. Nothing is downloaded.
+
+    The corpus has too few frequent pairs for 8000 merges, so the vocabulary is filled up to the model's 8000 rows
+    with placeholder tokens: every id the model can emit then has a token string, which CTranslate2 needs (it takes
+    and returns tokens, not ids). CTranslate2's converter also needs an unknown token and reads
+    `config.normalize_before`, a field transformers 5 dropped from BartConfig (False: BART is post-LN)."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from benchmarks.benchmark import BART_SHAPE
+    from vaswani.data import corpus_stories
+    from vaswani.data.tokenization import train_tokenizer
+
+    vocab_size = BART_SHAPE["vocab_size"]
+    tokenizer = train_tokenizer(corpus_stories(), vocab_size=vocab_size, model_max_length=1024)
+    tokenizer.add_special_tokens({"unk_token": "<|unk|>"})
+    tokenizer.add_tokens([f"<|unused_{index}|>" for index in range(vocab_size - len(tokenizer))])
+    config = BartConfig(
+        **BART_SHAPE,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        decoder_start_token_id=tokenizer.eos_token_id,
+        forced_eos_token_id=None,  # BartConfig's default forces end-of-sequence as the last token; CTranslate2 does not
+        normalize_before=False,
+    )
+    torch.manual_seed(seed)
+    BartForConditionalGeneration(config).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def seq2seq_step_parameters(folder: Path) -> int:
+    """Parameters one decoder step of a BART folder reads: the decoder's layers (less the cross-attention key and
+    value projections, applied to the encoder's output once per sequence), its layer norms and the LM head (the
+    shared embedding, read once); the learned position table is only gathered from (one row per token)."""
+    from safetensors import safe_open
+
+    total = 0
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
+        for name in weights.keys():
+            shape = weights.get_slice(name).get_shape()
+            size = 1
+            for dimension in shape:
+                size *= dimension
+            cross_key_value = "encoder_attn.k_proj" in name or "encoder_attn.v_proj" in name
+            in_step = name.startswith("model.decoder.") and "embed_positions" not in name and not cross_key_value
+            total += size if in_step or name in ("model.shared.weight", "final_logits_bias") else 0
+    return total
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
-"""The mixed serving workload of benchmarks/benchmark_serve_mixed.py and its statistics, as vLLM's serving benchmark
-(`vllm bench serve`) defines them; pure Python, so that tests can check them on fixed inputs.
+"""The mixed serving workload of benchmarks/benchmark_serve_mixed.py, the client that sends it to a server's
+`/v1/completions` (streamed), and its statistics, as vLLM's serving benchmark (`vllm bench serve`) defines them; pure
+Python (httpx is imported only to send), so that tests can check the workload and statistics on fixed inputs.
 
 Workload: `count` requests whose prompt and answer lengths are drawn uniformly from
 [mean * (1 - range_ratio), mean * (1 + range_ratio)] (vLLM's random dataset), arriving at `rate` requests per second
@@ -14,8 +15,11 @@ latency (the gaps between consecutive content chunks of a stream, pooled over st
 interpolation between order statistics, numpy's default).
 """
 
+import asyncio
+import json
 import math
 import random
+import time
 from dataclasses import dataclass
 
 
@@ -135,3 +139,46 @@ def summarize(records: list[RequestRecord]) -> dict:
         summary[name] = {"mean": sum(values) / len(values) if values else math.nan}
         summary[name].update({f"p{q}": percentile(values, q) for q in (50, 95)})
     return summary
+
+
+# ------------------------------------------------------------------------------------------------ client
+
+
+async def one_request(http, model: str, text: str, item, prompt_tokens: int, fixed_length: dict, start: float):
+    await asyncio.sleep(max(0.0, start + item.offset - time.perf_counter()))
+    body = {"model": model, "prompt": text, "max_tokens": item.output_len, "temperature": 0, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    body.update({key: item.output_len if value is None else value for key, value in fixed_length.items()})
+    record = RequestRecord(time.perf_counter(), [], 0, item.output_len, prompt_tokens)
+    usage = None
+    try:
+        async with http.stream("POST", "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                record.error = f"{response.status_code}: {(await response.aread())[:300]!r}"
+                return record
+            async for line in response.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                event = json.loads(line[6:])
+                if event.get("usage"):
+                    usage = event["usage"]
+                if event.get("choices") and event["choices"][0].get("text"):
+                    record.chunks.append(time.perf_counter())
+    except Exception as error:  # a failed request is counted as such, the run goes on
+        record.error = f"{type(error).__name__}: {error}"
+    record.output_tokens = usage["completion_tokens"] if usage else len(record.chunks)
+    return record
+
+
+async def run_workload(url: str, model: str, items, texts, prompt_counts, fixed_length: dict) -> list[RequestRecord]:
+    import httpx
+
+    limits = httpx.Limits(max_connections=len(items) + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+        start = time.perf_counter()
+        return await asyncio.gather(
+            *(
+                one_request(http, model, text, item, count, fixed_length, start)
+                for item, text, count in zip(items, texts, prompt_counts)
+            )
+        )
