@@ -198,3 +198,22 @@ def test_finetune_hands_its_words_to_the_trainers_parser(words, capsys) -> None:
     else:
         assert raised.value.code == 2
         assert "argument --model: expected one argument" in output.err
+
+
+def test_engine_choices_are_the_runtimes_and_grow_with_a_registered_one(monkeypatch, capsys) -> None:
+    """`--engine`'s choices are spelled out (so `vaswani --help` imports no runtime) and equal the runtime's own; a
+    decoder runtime registered in this process before `main` reads the command line is a choice too."""
+    from vaswani.cli import options
+    from vaswani.runtime import decoders
+
+    assert options.ENGINES == decoders.engines()
+    words = ["bench", "some-folder", "--engine", "toy", "--help"]
+    with pytest.raises(SystemExit) as raised:
+        main(words)
+    assert raised.value.code == 2 and "invalid choice: 'toy'" in capsys.readouterr().err
+
+    toy = type("ToyRuntime", (), {"name": "toy-runtime", "engine": "toy"})
+    monkeypatch.setitem(decoders.DECODER_RUNTIMES, toy.name, toy)
+    with pytest.raises(SystemExit) as raised:
+        main(words)
+    assert raised.value.code == 0 and "{onnxruntime,openvino,auto,toy}" in capsys.readouterr().out

@@ -26,6 +26,18 @@ def add_device_argument(parser: argparse.ArgumentParser, purpose: str = "where t
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help=f"{purpose} (cpu)")
 
 
+# The engines the runtime has built in and "auto" (`runtime.decoders.engines()`), spelled out so that `--help` imports
+# no runtime; tests/test_cli.py checks they are the runtime's.
+ENGINES = ("onnxruntime", "openvino", "auto")
+
+
+def engine_choices() -> tuple[str, ...]:
+    """`--engine`'s choices: `ENGINES`, and the engine of any decoder runtime registered in this process before the
+    command line is read (`runtime.decoders.register_decoder_runtime`, from a program that then calls `main`)."""
+    decoders = sys.modules.get("vaswani.runtime.decoders")  # not imported here: only a registration imports it
+    return ENGINES if decoders is None else tuple(dict.fromkeys((*ENGINES, *decoders.engines())))
+
+
 def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of the commands that load a model folder and run it (chat, perplexity, bench, serve): `--device`,
     `--threads`, and the runtime of an ONNX export, `--engine` with `--openvino-precision` (`runtime.openvino`)."""
@@ -38,7 +50,7 @@ def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--engine",
-        choices=("onnxruntime", "openvino", "auto"),
+        choices=engine_choices(),
         default="onnxruntime",
         help="the runtime of an ONNX export: onnxruntime, or openvino (text-generation on the CPU: prompts in "
         "OpenVINO, in bfloat16 where the CPU has AVX512_BF16 or AMX, and decode steps too where that is faster, the "

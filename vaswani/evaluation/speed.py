@@ -149,16 +149,26 @@ def weight_bytes(loaded: "LoadedFolder") -> int:
 
 
 def decode_threads(loaded: "LoadedFolder") -> int:
-    """The CPU threads a decode step of `loaded` computes on: an ONNX export's intra-op threads (the OpenVINO route's
-    sessions are given the same count, `OrtModel.from_pretrained`), a PyTorch model's torch threads."""
+    """The CPU threads a decode step of `loaded` computes on: an ONNX export's intra-op threads (whatever decoder
+    runtime runs it: the OpenVINO runtime is given ONNX Runtime's count), a PyTorch model's torch threads."""
     import torch
 
     if loaded.form != "onnx":
         return torch.get_num_threads()
     session = loaded.model.graphs[loaded.model.decoding_graph].session
-    session = getattr(session, "step_session", session)  # runtime.openvino.RoutedSession: ONNX Runtime's half
     # 0 asks ONNX Runtime for its own default, one thread per core.
     return session.get_session_options().intra_op_num_threads or len(os.sched_getaffinity(0))
+
+
+def runtime_name(loaded: "LoadedFolder") -> str:
+    """What runs `loaded` (`BenchResult.engine`): "pytorch"; "onnxruntime" for ONNX Runtime's own decoder runtimes
+    (portable, GroupQueryAttention); else the decoder runtime's line, e.g. the OpenVINO route's."""
+    if loaded.form != "onnx":
+        return loaded.form
+    from ..runtime.decoders import DEFAULT_ENGINE
+
+    runtime = loaded.model.decoder_runtime
+    return DEFAULT_ENGINE if runtime.engine == DEFAULT_ENGINE else runtime.description
 
 
 @contextmanager
@@ -314,13 +324,7 @@ def bench_folder(
         rounds=rounds,
         bandwidth_threads=probe_threads,
     )
-    provider = loaded.model.provider if loaded.form == "onnx" else ""
-    if loaded.form != "onnx":
-        result.engine = loaded.form
-    elif provider.startswith("OpenVINO"):  # runtime.openvino.RoutedSession
-        from ..runtime.openvino import route_description
-
-        result.engine = route_description(provider)
+    result.engine = runtime_name(loaded)
     for batch_size in batch_sizes:
         prompts = random_prompts(batch_size, prompt_tokens, config.vocab_size, device)
         first, whole = [], []
