@@ -18,7 +18,6 @@ encoder-decoder (49.3M) vs `BartForConditionalGeneration`; a 4-layer BERT-base-w
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -35,7 +34,7 @@ from transformers import (
     PreTrainedModel,
 )
 
-from benchmarks.provenance import machine
+from benchmarks.provenance import command_line, machine
 from benchmarks.results.pages import TABLE_MAKERS, write
 from vaswani.conversion.checkpoints import from_transformers
 
@@ -283,7 +282,7 @@ def main() -> None:
     report = "\n\n".join(tables)
     print("\n" + report)
     if args.json:
-        command = "python -m benchmarks.benchmark " + " ".join(sys.argv[1:])
+        command = command_line()
         results = {
             "title": "vaswani against transformers' own models, side by side",
             "command": command,

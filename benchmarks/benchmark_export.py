@@ -23,13 +23,14 @@ import argparse
 import ast
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.provenance import cpu_description
 
 METHODS = {"stamped": [], "full trace": ["--full-trace"]}
 PRECISIONS = {"fp32": [], "int8": ["--quantize", "int8"], "int4": ["--quantize", "int4"]}
@@ -103,16 +104,6 @@ def make_random_folder(folder: Path, layers: int, template: Path) -> None:
     torch.manual_seed(0)
     config = VaswaniDecoderConfig.from_pretrained(template, num_hidden_layers=layers)
     VaswaniForCausalLM(config).eval().save_pretrained(folder)
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 DECODE_PROMPT, DECODE_TOKENS = 42, 64
@@ -305,7 +296,7 @@ def render(rows: list[dict], convert: dict | None, load_before, load_after, roun
     lines = [
         "# Export time: layer stamping against the full trace",
         "",
-        f"`python -m benchmarks.benchmark_export` on {cpu_name()}, {os.cpu_count()} cores; each command in its own "
+        f"`python -m benchmarks.benchmark_export` on {cpu_description()['model']}, {os.cpu_count()} cores; each command in its own "
         f"process, stamped and full-trace exports alternating; {rounds} round(s) (medians). "
         + (
             "Rendered from the run's progress log (`--render-log`). "

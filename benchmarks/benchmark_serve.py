@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.provenance import command_line
+
 QUESTION = "What are three good habits for writing clear, maintainable Python code? Answer briefly."
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -224,8 +226,7 @@ def report(results: dict[str, list[dict]], args) -> str:
     lines = [
         "# `vaswani serve`: continuous batching against offline `generate` (CPU)",
         "",
-        f"Produced by `python -m benchmarks.benchmark_serve {' '.join(sys.argv[1:])}` on "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        f"Produced by `{command_line()}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
         f"SmolLM2-135M-Instruct exported with `vaswani export`, {args.threads} intra-op threads, the chat prompt of "
         f"the engine benchmark, {args.new_tokens} greedy tokens per answer (end-of-sequence ignored). Offline: "

@@ -36,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.provenance import CPU_FLAGS, command_line
 from benchmarks.serve_workload import make_workload, run_workload, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -369,7 +370,6 @@ def report(results: dict, args, command: str) -> str:
 def publish(results: dict, args, command: str) -> None:
     """--json with --markdown: the page rendered from the JSON (benchmarks/results/), whose table is computed from
     `meta` and `runs` (results.serve_mixed_tables); the report's paragraphs are its notes."""
-    from benchmarks.provenance import CPU_FLAGS
     from benchmarks.results.pages import from_markdown, write
 
     meta, found = results["meta"], results["meta"]["machine"]
@@ -442,7 +442,7 @@ def main() -> None:
         recorded.rates = [float(rate) for rate in recorded.rates.strip("[]").split(",")]
         return publish(results, recorded, results["meta"]["command"])
     args.rates = [math.inf if math.isinf(rate) else rate for rate in args.rates]
-    command = "python -m benchmarks.benchmark_serve_mixed " + shlex.join(sys.argv[1:])
+    command = command_line()
     # SIGTERM (timeout, a job manager) unwinds like Ctrl-C, so that the server being measured is stopped too.
     signal.signal(signal.SIGTERM, _interrupt)
     began = time.time()

@@ -27,7 +27,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from benchmarks.provenance import machine
+from benchmarks.provenance import command_line, machine
 from benchmarks.results.pages import write
 from vaswani import (
     VaswaniDecoderConfig,
@@ -169,7 +169,7 @@ def main() -> None:
             models[args.model.name] = args.model
         with tempfile.TemporaryDirectory() as work:
             measured = run(models, Path(work))
-        command = "python -m benchmarks.quantized_validation_bounds " + " ".join(sys.argv[1:])
+        command = command_line()
         page = results_page(measured, command, machine(torch.get_num_threads(), shared=False))
     write(page, args.output.with_suffix(".json"), args.output.with_suffix(".md"))
 

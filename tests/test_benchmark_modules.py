@@ -205,3 +205,21 @@ def test_a_benchmark_runs_as_a_module_from_the_repository_root():
         cwd=ROOT, env=environment, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert usage.startswith("usage: ") and "--family" in usage
+
+
+def test_a_run_records_its_command_as_the_reader_types_it(monkeypatch):
+    """`provenance.command_line`, the Made-by line of every page: a benchmark run as a module is recorded as
+    `python -m benchmarks.NAME`, a script run as a file (an example) by its path from the repository's root; the
+    arguments are quoted as a shell needs them."""
+    from types import ModuleType, SimpleNamespace
+
+    from benchmarks.provenance import command_line
+
+    main = ModuleType("__main__")
+    main.__spec__ = SimpleNamespace(name="benchmarks.benchmark")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / "benchmark.py"), "--threads", "1", "--note", "a b"])
+    assert command_line() == "python -m benchmarks.benchmark --threads 1 --note 'a b'"
+    main.__spec__ = None
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "examples" / "train_string_reversal.py"), "--json", "x.json"])
+    assert command_line() == "python examples/train_string_reversal.py --json x.json"
