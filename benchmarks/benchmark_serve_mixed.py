@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.provenance import CPU_FLAGS, command_line
+from benchmarks.provenance import CPU_FLAGS, command_line, cpu_description
 from benchmarks.serve_workload import make_workload, run_workload, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -252,16 +252,11 @@ class Server:
 
 
 def machine() -> dict:
-    info = {"platform": platform.platform(), "cores": os.cpu_count()}
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
-        info["cpu"] = fields.get("Model name", "").strip()
-        flags = fields.get("Flags", "").split()
-        info["flags"] = [flag for flag in flags if flag.startswith(("avx", "amx", "fma", "f16c", "vnni"))]
-    except OSError:
-        pass
-    return info
+    """The run's machine as this script's raw results keep it (`meta.machine`, which `publish` maps onto the pages'
+    machine record): CPU model and the kernel-deciding flags it has (benchmarks.provenance), cores, platform."""
+    cpu = cpu_description()
+    flags = [flag for flag, present in cpu["flags"].items() if present]
+    return {"platform": platform.platform(), "cores": os.cpu_count(), "cpu": cpu["model"], "flags": flags}
 
 
 def versions(args) -> dict:
