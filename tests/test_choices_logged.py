@@ -17,8 +17,7 @@ pytest.importorskip("onnxscript")  # the exporter's dependency
 from onnx_cases import GQA_DECODER  # noqa: E402
 
 from vaswani import VaswaniForCausalLM  # noqa: E402
-from vaswani.export import export_onnx  # noqa: E402
-from vaswani.export import gqa_rewrite as ort_llm
+from vaswani.export import export_onnx, gqa_rewrite  # noqa: E402
 from vaswani.export import trace as trace_module  # noqa: E402
 from vaswani.quantization import DEFAULT_EIGHT_BIT_BUDGET  # noqa: E402
 from vaswani.runtime.decoders import chosen_engine  # noqa: E402
@@ -83,9 +82,9 @@ def test_a_model_the_gqa_kernel_cannot_run_is_logged_and_recorded(tmp_path, capl
 
 def test_a_failed_gqa_rewrite_is_a_warning_and_recorded(tmp_path, caplog, monkeypatch):
     def failing_rewrite(*args, **kwargs):
-        raise ort_llm.GqaRewriteError("layer 0's attention has an input the rewrite does not know")
+        raise gqa_rewrite.GqaRewriteError("layer 0's attention has an input the rewrite does not know")
 
-    monkeypatch.setattr(ort_llm, "rewrite_to_gqa", failing_rewrite)
+    monkeypatch.setattr(gqa_rewrite, "rewrite_to_gqa", failing_rewrite)
     model = build_causal_lm(tiny_decoder_config(**{**GQA_DECODER, "num_hidden_layers": 1}))
     caplog.set_level(logging.INFO, logger=ATTENTION_LOGGER)
     result = export_onnx(model, tmp_path / "out", task="text-generation", attention="gqa", validate=False)

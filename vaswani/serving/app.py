@@ -1,4 +1,4 @@
-"""The HTTP side: FastAPI routes in the OpenAI API's shape over a loaded service (`models.load_service`).
+"""The HTTP side: FastAPI routes in the OpenAI API's shape over a loaded service (`services.load_service`).
 
 Routes: `GET /health` (200 while the scheduler thread runs, 503 with the reason once it died), `GET /metrics`
 (Prometheus), `GET /v1/models`; for a causal LM `POST /v1/chat/completions` and `POST /v1/completions` (streamed as

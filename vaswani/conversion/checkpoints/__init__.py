@@ -9,10 +9,10 @@ Where things are:
   helpers they share (`rename_weights` reads a table in either direction, so a rename is written once).
 - `registry.py`: the one place where architecture modules are registered (`ARCHITECTURES` by `model_type`,
   `TARGET_CLASSES` by transformers class name).
-- `convert.py`: models in memory, `from_transformers` / `to_transformers`, and `check_convertible`, which lists
+- `in_memory.py`: models in memory, `from_transformers` / `to_transformers`, and `check_convertible`, which lists
   every field of a vaswani model that a target architecture cannot express.
 - `parity.py`: `measure_parity`, the check a converted model must pass.
-- `folders.py`: `convert_checkpoint`, whole folders (safetensors, generation config, tokenizer), written only once
+- `convert.py`: `convert_checkpoint`, whole folders (safetensors, generation config, tokenizer), written only once
   the saved copy passes the parity check; `load_converted`, a transformers folder converted in memory (weights
   shared) and checked, for the ONNX export of a transformers folder.
 
