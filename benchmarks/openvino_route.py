@@ -56,7 +56,7 @@ def worker(args: argparse.Namespace) -> None:
     system = SYSTEMS[args.system]
     loaded = load_folder(args.worker, "cpu", args.threads, "text-generation", system["engine"])
     if system.get("prompts_only"):
-        loaded.model.openvino_decoder = lambda: None  # generate keeps to the route at every batch
+        loaded.model.decoder_runtime.decodes_in_openvino = lambda batch: False  # generate keeps to the route at every batch
     perplexity = None
     if args.perplexity_text:  # deterministic: once per system and export (round 1)
         text = args.perplexity_text.read_text()
