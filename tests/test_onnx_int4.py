@@ -479,9 +479,11 @@ def test_without_a_tokenizer_the_default_budget_says_so_and_an_explicit_one_is_a
     options = result.manifest["quantization_options"]
     assert "eight_bit_matmuls" not in options and options["eight_bit_budget"] == 0
     assert {node["bits"] for node in nbits_of(tmp_path / "out")} == {4, 8}  # the body, the head
-    with pytest.raises(ValueError, match="tokenizer files, or pass int4_8bit_budget=0"):
-        export_onnx(tmp_path / "model", tmp_path / "out2", quantize=Quantization.of("int4", eight_bit_budget=0.1))
-    assert not (tmp_path / "out2").exists()
+    # Asked for, even at the default's value, a budget that cannot be spent stops the export.
+    for budget in (0.1, Quantization.of("int4").eight_bit_budget):
+        with pytest.raises(ValueError, match="tokenizer files, or pass int4_8bit_budget=0"):
+            export_onnx(tmp_path / "model", tmp_path / "out2", quantize=Quantization.of("int4", eight_bit_budget=budget))
+        assert not (tmp_path / "out2").exists()
 
 
 def test_a_tokenizer_outside_the_model_vocabulary_leaves_the_default_budget_unspent(tmp_path):

@@ -258,7 +258,7 @@ class TracedModel:
                 quantization.eight_bit_budget,
                 quantization.block_size,
                 # A budget other than the scheme's default was asked for: without calibration text it is an error.
-                explicit=quantization.eight_bit_budget != quantization.scheme.defaults.eight_bit_budget,
+                explicit="eight_bit_budget" in quantization.given,
                 say=self.say,
                 symmetric=quantization.symmetric,
             )

@@ -76,6 +76,9 @@ class Quantization:
     method: str = "rtn"
     narrowing_bits: int | None = None
     eight_bit_budget: float = 0.0
+    # The options the user gave (`of`, `from_cli`), as against the scheme's defaults: an explicit 8-bit budget that
+    # cannot be spent is an error where the default one is skipped with a note. Not part of the manifest.
+    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.block_size not in BLOCK_SIZES:
@@ -113,14 +116,17 @@ class Quantization:
         return scheme_named(self.name)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        options = asdict(self)
+        del options["given"]
+        return options
 
     @classmethod
     def of(cls, quantize: "str | Quantization", **options) -> "Quantization":
         """The scheme `quantize` ("int8", "int4", ...: a key of `SCHEMES`) with its defaults, `options` (fields of
         this class; None: the default) changed; an option the scheme does not take is a ValueError naming it."""
         if isinstance(quantize, Quantization):
-            return replace(quantize, **{name: value for name, value in options.items() if value is not None})
+            given = {name: value for name, value in options.items() if value is not None}
+            return replace(quantize, **given, given=quantize.given | frozenset(given))
         if quantize not in SCHEMES:
             raise ValueError(f"quantize={quantize!r} is not supported; use one of {sorted(SCHEMES)} or None.")
         scheme = SCHEMES[quantize]
@@ -134,7 +140,7 @@ class Quantization:
                 if option is None:
                     raise ValueError(f"quantize={quantize!r} does not take {name}; it takes {sorted(scheme.options)}.")
                 raise ValueError(option.misplaced.format(value=value, quantize=quantize))
-        return replace(scheme.defaults, **given)
+        return replace(scheme.defaults, **given, given=frozenset(given))
 
     @classmethod
     def from_cli(cls, args: argparse.Namespace) -> "Quantization | None":

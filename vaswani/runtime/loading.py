@@ -25,16 +25,12 @@ from transformers import (
 
 import vaswani  # noqa: F401  (registers the vaswani classes with the Auto classes)
 
-# The task of a PyTorch folder, from the suffix of its architecture's class name.
-ARCHITECTURE_TASKS = {
-    "ForCausalLM": "text-generation",
-    "ForMaskedLM": "fill-mask",
-    "ForConditionalGeneration": "text2text-generation",
-}
-TORCH_CLASSES = {
-    "text-generation": AutoModelForCausalLM,
-    "fill-mask": AutoModelForMaskedLM,
-    "text2text-generation": AutoModelForSeq2SeqLM,
+# The tasks with a language-modelling head that these commands take: a PyTorch folder's task follows from the suffix
+# of its architecture's class name, and the Auto class loads it.
+LM_HEAD_TASKS = {
+    "text-generation": ("ForCausalLM", AutoModelForCausalLM),
+    "fill-mask": ("ForMaskedLM", AutoModelForMaskedLM),
+    "text2text-generation": ("ForConditionalGeneration", AutoModelForSeq2SeqLM),
 }
 
 
@@ -58,12 +54,12 @@ def folder_task(folder: str | os.PathLike) -> str:
         return json.loads(manifest.read_text())["task"]
     architectures = AutoConfig.from_pretrained(folder).architectures or []
     for architecture in architectures:
-        for suffix, task in ARCHITECTURE_TASKS.items():
+        for task, (suffix, _) in LM_HEAD_TASKS.items():
             if architecture.endswith(suffix):
                 return task
     raise ValueError(
         f"{folder} holds a {', '.join(architectures) or 'bare'} model, which has no language-modelling head; this "
-        f"command takes a causal LM, a masked LM or an encoder-decoder folder ({', '.join(ARCHITECTURE_TASKS)})."
+        f"command takes a causal LM, a masked LM or an encoder-decoder folder ({', '.join(suffix for suffix, _ in LM_HEAD_TASKS.values())})."
     )
 
 
@@ -89,10 +85,10 @@ def load_folder(
     found = folder_task(folder)
     if task is not None and found != task:
         raise ValueError(f"{folder} holds a {found!r} model; this needs a {task!r} one.")
-    if found not in TORCH_CLASSES:
+    if found not in LM_HEAD_TASKS:
         raise ValueError(
             f"{folder} holds a {found!r} export, which has no language-modelling head; this command takes "
-            f"{', '.join(TORCH_CLASSES)} folders."
+            f"{', '.join(LM_HEAD_TASKS)} folders."
         )
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if (folder / "manifest.json").is_file():
@@ -109,7 +105,7 @@ def load_folder(
         return LoadedFolder(model, tokenizer, found, "onnx", folder)
     if engine == "openvino":
         raise ValueError(f"{folder} is a PyTorch folder; engine={engine!r} runs ONNX exports (vaswani export).")
-    model = TORCH_CLASSES[found].from_pretrained(folder).to(device).eval()
+    model = LM_HEAD_TASKS[found][1].from_pretrained(folder).to(device).eval()
     return LoadedFolder(model, tokenizer, found, "pytorch", folder)
 
 
