@@ -1,5 +1,5 @@
 """Where the per-matrix bounds come from (`matmul_check.MATMUL_BOUNDS`) and how well the end-to-end error model
-(`validation.ROUNDING_BITS`) predicts honest exports: every quantized matrix of honest int8/int4 graphs, fed the float
+(each scheme's `rounding_bits`, `vaswani/quantization/schemes.py`) predicts honest exports: every quantized matrix of honest int8/int4 graphs, fed the float
 graph's own activations, beside the same graphs with one matrix broken (first, middle or last; scales times 1.25,
 doubled or zeroed), and each model's logits error against its response to simulated rounding.
 

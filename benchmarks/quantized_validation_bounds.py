@@ -1,4 +1,4 @@
-"""Where the quantized validation bounds come from (`validation.QUANTIZED_BOUNDS`): the relative RMS error, cosine
+"""Where the quantized validation bounds come from (each scheme's `logits_bounds` and `states_bounds`, `vaswani/quantization/schemes.py`): the relative RMS error, cosine
 similarity and top-1 agreement of honest int8/int4 exports against PyTorch, next to the same exports with their
 `MatMulNBits` scales zeroed or doubled, or their zero points swapped between blocks.
 
@@ -140,7 +140,7 @@ def results_page(measured: list[dict], command: str, described: dict | None) -> 
             "Per export: the logits' relative RMS error against PyTorch (RMS of the difference over RMS of PyTorch's "
             "logits, worst validation case), their lowest cosine similarity and their top-1 agreement, then the same "
             "for the states (caches, encoder outputs; the worst one named). Validation feeds random tokens. The bounds "
-            "in `vaswani/export/validation.py` (`QUANTIZED_BOUNDS`, and docs/deployment.md) sit between the "
+            "of each scheme in `vaswani/quantization/schemes.py` (and docs/deployment.md) sit between the "
             "honest rows and the corrupted ones."
         ],
         # The table is computed from these measurements when the page is rendered (results.quantized_validation_tables).

@@ -94,7 +94,7 @@ def speed_table(timings: dict[str, list[dict]], baseline: str, threads: int) -> 
 def matmul_bounds_tables(raw: dict, described: dict) -> list[dict]:
     """benchmarks/matmul_bounds.py: per model and format, the worst honest quantized matrix of each width and the
     mildest broken one, each a relative RMS error fed the float graph's activations; then the logits' error end to
-    end beside the float model's response to simulated rounding (`validation.ROUNDING_BITS`)."""
+    end beside the float model's response to simulated rounding (each scheme's `rounding_bits`, `vaswani/quantization/schemes.py`)."""
     rows, end_to_end = [], []
     for model, formats in raw.items():
         for quantize, measured in formats.items():
