@@ -157,3 +157,28 @@ def self_signed_certificate(folder: Path) -> tuple[Path, Path] | None:
         capture_output=True,
     )
     return key, certificate
+
+
+def scheduled_tokens(scheduler, requests: list, timeout: float = 60) -> list[list[int]]:
+    """Each request's tokens (`requests`: (prompt ids, SamplingParams) pairs) from `scheduler`, every request submitted
+    before it starts; the scheduler is stopped after."""
+    answers, finished = [[] for _ in requests], threading.Semaphore(0)
+
+    def emitter(index):
+        def emit(event):
+            if event.token is not None:
+                answers[index].append(event.token)
+            if event.finish_reason:
+                finished.release()
+
+        return emit
+
+    for index, (prompt, params) in enumerate(requests):
+        scheduler.submit(prompt, params, emitter(index))
+    scheduler.start()
+    try:
+        for _ in requests:
+            assert finished.acquire(timeout=timeout)
+    finally:
+        scheduler.stop()
+    return answers

@@ -8,13 +8,12 @@ class mapping read from the classes' own `tasks`, and the runtime's import graph
 above it)."""
 
 import ast
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from serving_cases import offline_answer, tiny_chat_folders, tiny_chat_tokenizer
+from serving_cases import offline_answer, scheduled_tokens, tiny_chat_folders, tiny_chat_tokenizer
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")  # the exporter's dependency
@@ -157,26 +156,7 @@ def test_the_scheduler_runs_a_registered_toy_runtimes_own_batch(counting, chat):
     step_model = service.scheduler.model
     assert type(step_model) is CountingStepModel and service.description == "every step counted"
     prompts = [tokenizer("Once upon a time")["input_ids"], tokenizer("The little cat")["input_ids"]]
-    answers, finished = [[] for _ in prompts], threading.Semaphore(0)
-
-    def emitter(index):
-        def emit(event):
-            if event.token is not None:
-                answers[index].append(event.token)
-            if event.finish_reason:
-                finished.release()
-
-        return emit
-
-    scheduler = service.scheduler
-    for index, prompt in enumerate(prompts):
-        scheduler.submit(prompt, SamplingParams(max_tokens=8, temperature=0), emitter(index))
-    scheduler.start()
-    try:
-        for _ in prompts:
-            assert finished.acquire(timeout=60)
-    finally:
-        service.close()
+    answers = scheduled_tokens(service.scheduler, [(prompt, SamplingParams(max_tokens=8, temperature=0)) for prompt in prompts])
     pytorch_model = VaswaniForCausalLM.from_pretrained(torch_folder).eval()
     assert answers == [offline_answer(pytorch_model, tokenizer, prompt, 8)[1] for prompt in prompts]
     assert step_model.runtime.batch_steps > 0 and step_model.runtime.graph_calls > step_model.runtime.batch_steps

@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from serving_cases import QUESTIONS, serving, tiny_chat_tokenizer, tiny_gqa_chat_folder
+from serving_cases import QUESTIONS, scheduled_tokens, serving, tiny_chat_tokenizer, tiny_gqa_chat_folder
 
 pytest.importorskip("fastapi")
 
@@ -279,25 +279,5 @@ def test_seeded_sampling_on_the_gqa_form_equals_generate_alone_and_beside_others
 
 
 def served_tokens(model: OrtModelForCausalLM, requests: list[tuple[list[int], SamplingParams]]) -> list[list[int]]:
-    """Each request's tokens from an engine over `model`, every request submitted before it starts."""
-    answers, finished = [[] for _ in requests], threading.Semaphore(0)
-
-    def emitter(index):
-        def emit(event):
-            if event.token is not None:
-                answers[index].append(event.token)
-            if event.finish_reason:
-                finished.release()
-
-        return emit
-
-    engine = Scheduler(model.decoder_runtime.step_model(), max_batch=4)
-    for index, (prompt, params) in enumerate(requests):
-        engine.submit(prompt, params, emitter(index))
-    engine.start()
-    try:
-        for _ in requests:
-            assert finished.acquire(timeout=30)
-    finally:
-        engine.stop()
-    return answers
+    """Each request's tokens from a scheduler over `model`, every request submitted before it starts."""
+    return scheduled_tokens(Scheduler(model.decoder_runtime.step_model(), max_batch=4), requests, timeout=30)
