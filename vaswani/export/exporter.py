@@ -437,7 +437,7 @@ def export_onnx(
 
 
 def _attention_decisions(form: dict) -> list[Decision]:
-    """The portable attention graph kept where the GroupQueryAttention form was tried (`ort_llm`, which logs it), as
+    """The portable attention graph kept where the GroupQueryAttention form was tried (`gqa_rewrite`, which logs it), as
     a decision for the manifest; none otherwise."""
     note = form.get("attention_form_note")
     if note is None:

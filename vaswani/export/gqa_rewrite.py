@@ -4,7 +4,7 @@ memory), instead of the portable opset-23 chain (Split, two RotaryEmbedding, Att
 bias) that copies past into present at every step.
 
 This module is the export side (`gqa_form_refusal`, `rewrite_to_gqa`): the portable graph is exported (and, for
-quantized exports, validated) first, then rewritten in place. `gqa_runtime.py` drives the rewritten graph.
+quantized exports, validated) first, then rewritten in place. `runtime/gqa.py` drives the rewritten graph.
 
 How padding is carried. ONNX Runtime's kernel keeps each row's tokens at the front of its buffer row: row b holds
 `seqlens_k[b] + 1` tokens after a step, the new ones at `[P_b, P_b + query_seqlens[b])`, and the chunk of new tokens

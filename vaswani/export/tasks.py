@@ -2,7 +2,7 @@
 exports by default, the module exported for it (`task_model`) and its copy in the export's dtype (`cast_model`).
 
 A new task is an entry in `TASK_CLASSES` and `LOAD_CLASSES` here, its graphs in `wrappers.build_graph_specs`, and
-its runtime class in `runtime.py` or `generation.py`.
+its runtime class (naming it in its `tasks`) in `runtime/models.py` or `runtime/generation.py`.
 """
 
 import copy

@@ -159,7 +159,7 @@ def validate_onnx_export(
     `matmul_errors`: a quantized export's per-matrix check (`matmul_check.quantized_matmul_errors`, which needs the
     float32 graph and so runs during the export), judged and reported with the rest.
 
-    `engine="openvino"` runs every case in OpenVINO alone, in `openvino_precision` (`openvino_engine`). Its bfloat16
+    `engine="openvino"` runs every case in OpenVINO alone, in `openvino_precision` (`runtime.openvino`). Its bfloat16
     run of a float32 export is judged as half precision: against PyTorch in bfloat16, with that model's float32 twin
     measuring bfloat16's own error; a quantized export keeps its bounds against float32.
 
