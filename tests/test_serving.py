@@ -350,7 +350,12 @@ BAD_REQUESTS = {
         400,
         "messages.0.content",
     ),
-    "unsupported feature": ("/v1/chat/completions", chat_body("Hi", logit_bias={"5": 1.0}), 400, "logit_bias"),
+    "unsupported feature": (
+        "/v1/chat/completions",
+        chat_body("Hi", tools=[{"type": "function", "function": {"name": "f"}}]),
+        400,
+        "tools",
+    ),
     "embeddings of a decoder": ("/v1/embeddings", {"model": MODEL, "input": "Hi"}, 400, "embedding"),
     "unknown route": ("/v1/images/generations", {"model": MODEL}, 404, "Not Found"),
 }
@@ -400,4 +405,3 @@ def test_text_stream_deltas_add_up_to_the_decoded_text_cut_at_the_stop_string(to
         assert "".join(pieces) == expected
         assert stream.stopped == bool(stop and stop[0] in decoded)
         assert not any("\ufffd" in piece for piece in pieces)
-

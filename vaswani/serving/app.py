@@ -54,7 +54,7 @@ from .protocol import (
     usage_chunk_body,
 )
 from .sampling import TokenLogprobs
-from .scheduler import SchedulerDead, Event, QueueFull, SamplingParams, Sequence
+from .scheduler import Event, QueueFull, SamplingParams, SchedulerDead, Sequence
 from .services import EncoderService, GenerationService
 from .text import TextStream
 
@@ -111,7 +111,9 @@ def create_app(
         scheduler = getattr(service, "scheduler", None)
         if scheduler is not None and not scheduler.alive:
             # The watchdog's answer: a load balancer or Kubernetes takes the replica out, and restarts it.
-            reason = scheduler.failure or ("the scheduler is stopping." if scheduler.stopping else "the scheduler is not started.")
+            reason = scheduler.failure or (
+                "the scheduler is stopping." if scheduler.stopping else "the scheduler is not started."
+            )
             return JSONResponse({**body, "status": "unavailable", "error": reason}, status_code=503)
         return JSONResponse(body)
 
@@ -361,7 +363,8 @@ class Answer:
             delta = ""
             if event.token is not None:
                 self.observe(index, last)
-                delta = stream.add(event.token)
+                # A token that ends the answer (end-of-sequence, stop_token_ids) is counted, not shown (vLLM's way).
+                delta = stream.add(event.token, shown=event.finish_reason != "stop" or stream.include_stop)
             reason = event.finish_reason
             if reason == "abort":
                 reason = "length" if self.expired else "abort"  # "abort": the client is gone, nobody reads it
@@ -399,6 +402,21 @@ def engine_unavailable(reason: str) -> OpenAIError:
 
 def sampling_params(service: GenerationService, body: Any, max_tokens: int) -> list[SamplingParams]:
     """The scheduler's parameters of the request's `n` choices (of one prompt): choice j's seed is seed + j."""
+    biases, stop_ids = body.token_biases(), body.stop_token_ids or []
+    for field, ids in (("logit_bias", biases or {}), ("stop_token_ids", stop_ids)):
+        outside = sorted(token for token in ids if not 0 <= token < service.vocab_size)
+        if outside:
+            raise OpenAIError(
+                f"{field} names token ids outside the vocabulary [0, {service.vocab_size}): {outside[:5]}; "
+                "use ids the model's tokenizer gives.",
+                param=field,
+            )
+    if body.min_tokens > max_tokens:
+        raise OpenAIError(
+            f"min_tokens ({body.min_tokens}) is more than this answer may have ({max_tokens} tokens: max_tokens, or "
+            "what the context leaves); lower min_tokens or raise max_tokens.",
+            param="min_tokens",
+        )
     try:
         return [
             SamplingParams(
@@ -414,6 +432,9 @@ def sampling_params(service: GenerationService, body: Any, max_tokens: int) -> l
                 stop_token_ids=service.eos_token_ids,
                 ignore_eos=body.ignore_eos,
                 logprobs=body.alternatives,
+                logit_bias=biases,
+                min_tokens=body.min_tokens,
+                request_stop_ids=frozenset(stop_ids),
             )
             for index in range(body.n)
         ]
@@ -452,13 +473,18 @@ async def answer(
     run = Answer(service, choice_prompts, params, state.metrics, received_at, state.request_timeout)
     prompt_tokens = sum(map(len, prompts))  # each prompt once, however many choices it has (as OpenAI counts)
     state.metrics.prompt_tokens.inc(prompt_tokens)
-    streams = [TextStream(service.tokenizer, body.stop) for _ in run.sequences]
+    decoding = {
+        "skip_special_tokens": body.skip_special_tokens,
+        "spaces_between_special_tokens": body.spaces_between_special_tokens,
+    }
+    streams = [
+        TextStream(service.tokenizer, body.stop, body.include_stop_str_in_output, decoding, body.min_tokens)
+        for _ in run.sequences
+    ]
     prefixes = [""] * len(choice_prompts)
     if getattr(body, "echo", False):
         decode = service.tokenizer.decode
-        prefixes = await run_in_threadpool(
-            lambda: [decode(prompt, skip_special_tokens=True) for prompt in choice_prompts]
-        )
+        prefixes = await run_in_threadpool(lambda: [decode(prompt, **decoding) for prompt in choice_prompts])
     with_logprobs = body.alternatives is not None
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -479,7 +505,7 @@ async def answer(
     finally:
         watcher.cancel()
         run.cancel()
-    usage = usage_body(prompt_tokens, sum(len(stream.tokens) for stream in streams))
+    usage = usage_body(prompt_tokens, sum(stream.generated for stream in streams))
     bodies = None
     if with_logprobs:
         bodies = [logprobs_body(kind, tokens, len(prefix)) for tokens, prefix in zip(entries, prefixes)]
@@ -534,7 +560,7 @@ async def stream_events(
             yield sse(error.body())
             return
         if include_usage:
-            usage = usage_body(prompt_tokens, sum(len(stream.tokens) for stream in streams))
+            usage = usage_body(prompt_tokens, sum(stream.generated for stream in streams))
             yield sse(usage_chunk_body(kind, id, created, model, usage))
         yield "data: [DONE]\n\n"
     finally:

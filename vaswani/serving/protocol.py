@@ -2,13 +2,14 @@
 
 Requests are pydantic models that reject what the server cannot honour instead of ignoring it: an unknown field, a
 field of the wrong type or out of range (the sampling values are checked as vLLM checks them, non-finite numbers
-included), or a feature that is not implemented (`logit_bias`, `tools`, a JSON `response_format`) each end in a 400
+included), or a feature that is not implemented (`tools`, a JSON `response_format`) each end in a 400
 whose body names the field, in OpenAI's error shape:
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens", "code": null}}
 
 Besides OpenAI's fields, the completion routes take vLLM's sampling extensions that clients written for vLLM send:
-`top_k`, `min_p`, `repetition_penalty` and `ignore_eos`.
+`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `min_tokens`, `stop_token_ids`, `include_stop_str_in_output`,
+`skip_special_tokens` and `spaces_between_special_tokens`.
 
 Responses are plain dicts built by the helpers at the end (`completion_body`, `chunk_body`, and the two log
 probability shapes: `chat_logprobs_body`, `text_logprobs_body`), so a streamed chunk costs one `json.dumps` and no
@@ -38,7 +39,12 @@ NULL_MEANS_DEFAULT = (
     "repetition_penalty",
     "stream",
     "ignore_eos",
+    "min_tokens",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
 )
+MAX_LOGIT_BIAS = 300  # OpenAI's bound on the entries of logit_bias
 
 
 class OpenAIError(Exception):
@@ -103,9 +109,17 @@ class SamplingFields(StrictModel):
     repetition_penalty: float = Field(default=1.0, gt=0.0)
     # vLLM's extension, for benchmarks that need answers of a fixed length.
     ignore_eos: bool = False
+    # vLLM's: end-of-sequence (and stop_token_ids) masked until this many tokens; extra ids that end with "stop"; a
+    # stop string kept in the text; how token ids become text.
+    min_tokens: int = Field(default=0, ge=0)
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    # OpenAI's: token id (a string key in JSON) -> a bias in [-100, 100] added to its score before sampling.
+    logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
     # Accepted at their no-op values only (clients send the defaults explicitly); anything else is a 400.
-    logit_bias: dict[str, float] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     functions: list[dict[str, Any]] | None = None
@@ -133,7 +147,30 @@ class SamplingFields(StrictModel):
             raise ValueError(f"stop takes up to {MAX_STOP_SEQUENCES} non-empty strings, got {len(stops)}")
         return stops
 
-    @field_validator("logit_bias", "tools", "tool_choice", "functions", "function_call")
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_biases(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if len(value or {}) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias takes up to {MAX_LOGIT_BIAS} tokens, got {len(value)}")
+        for key, bias in (value or {}).items():
+            if not (key.isascii() and key.isdigit()):
+                raise ValueError(f'logit_bias keys are token ids (as strings, e.g. {{"42": -100}}), got {key!r}')
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values are between -100 and 100, got {bias} for token {key}")
+        return value
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _token_ids(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (len(value) > MAX_STOP_SEQUENCES or any(token < 0 for token in value)):
+            raise ValueError(f"stop_token_ids takes up to {MAX_STOP_SEQUENCES} non-negative token ids")
+        return value
+
+    def token_biases(self) -> dict[int, float] | None:
+        """`logit_bias` keyed by token id (None when empty)."""
+        return {int(key): bias for key, bias in self.logit_bias.items()} if self.logit_bias else None
+
+    @field_validator("tools", "tool_choice", "functions", "function_call")
     @classmethod
     def _unsupported(cls, value: Any, info: ValidationInfo) -> Any:
         if value and value != "none":  # an empty list or "none" asks for nothing: clients send them as defaults

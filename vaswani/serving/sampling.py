@@ -68,6 +68,12 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None
+    # OpenAI's logit_bias: token id -> a bias in [-100, 100] added to that token's score before anything else.
+    logit_bias: dict[int, float] | None = None
+    # vLLM's: the end-of-sequence and `request_stop_ids` are masked until the answer has `min_tokens` tokens.
+    min_tokens: int = 0
+    # vLLM's stop_token_ids: the request's own ids that end it with "stop" (also under `ignore_eos`).
+    request_stop_ids: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         checks = {
@@ -79,6 +85,8 @@ class SamplingParams:
             "presence_penalty": -2.0 <= self.presence_penalty <= 2.0,
             "frequency_penalty": -2.0 <= self.frequency_penalty <= 2.0,
             "logprobs": self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+            "logit_bias": all(-100.0 <= bias <= 100.0 for bias in (self.logit_bias or {}).values()),
+            "min_tokens": 0 <= self.min_tokens <= self.max_tokens,
         }
         for name, valid in checks.items():  # NaN fails every comparison, so it is caught here too
             if not valid:
@@ -93,6 +101,26 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def ends(self) -> frozenset[int]:
+        """The ids that end the answer: the request's stop ids, and the end-of-sequence unless `ignore_eos`."""
+        if self.ignore_eos or not self.stop_token_ids:
+            return self.request_stop_ids
+        return self.stop_token_ids | self.request_stop_ids if self.request_stop_ids else self.stop_token_ids
+
+
+class LogitBias(LogitsProcessor):
+    """OpenAI's `logit_bias`: adds each listed token's bias to its score (-100 all but bans it, 100 all but forces it)."""
+
+    def __init__(self, bias: dict[int, float]):
+        self.ids = torch.tensor(list(bias), dtype=torch.long)
+        self.values = torch.tensor(list(bias.values()), dtype=torch.float32)
+
+    def __call__(self, input_ids: torch.LongTensor | None, scores: torch.Tensor) -> torch.Tensor:
+        scores = scores.clone()
+        scores[:, self.ids] += self.values.to(scores.dtype)
+        return scores
 
 
 class PresenceFrequencyPenalty(LogitsProcessor):
@@ -113,6 +141,8 @@ def logits_processors(params: SamplingParams, prompt_length: int) -> list[Logits
     """transformers' processors for `params`, in `generate`'s order: penalties (greedy rows too), then the sampling
     warpers (sampled rows only), each only where its value changes something."""
     processors: list[LogitsProcessor] = []
+    if params.logit_bias:
+        processors.append(LogitBias(params.logit_bias))
     if params.repetition_penalty != 1.0:
         processors.append(RepetitionPenaltyLogitsProcessor(float(params.repetition_penalty)))
     if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
@@ -152,8 +182,10 @@ class RowSampler:
     def __init__(self, prompt: list[int], params: SamplingParams):
         self.params = params
         self.processors = logits_processors(params, len(prompt))
-        # Greedy rows without penalties need nothing of their own: the batch's argmax serves them.
-        self.plain = params.greedy and not self.processors
+        self.prompt_length = len(prompt)
+        self.held_ends = torch.tensor(sorted(params.ends), dtype=torch.long) if params.min_tokens else None
+        # Greedy rows without penalties, bias or a minimum need nothing of their own: the batch's argmax serves them.
+        self.plain = params.greedy and not self.processors and self.held_ends is None
         self.generator: torch.Generator | None = None
         if not params.greedy:
             self.generator = torch.Generator()
@@ -171,6 +203,8 @@ class RowSampler:
         """The next token for this row's `logits` (vocab,)."""
         scores = torch.from_numpy(np.array(logits, dtype=np.float32, copy=True))[None]  # the processors' own copy
         ids = self.ids[:, : self.length] if self.ids is not None else None
+        if self.held_ends is not None and self.length - self.prompt_length < self.params.min_tokens:
+            scores[:, self.held_ends] = -math.inf  # too short to end yet (vLLM's min_tokens)
         for processor in self.processors:
             scores = processor(ids, scores)
         if self.generator is None:

@@ -304,7 +304,7 @@ class Scheduler:
             sequence.generated.append(token)
             params = sequence.params
             reason = None
-            if token in params.stop_token_ids and not params.ignore_eos:
+            if token in params.ends:
                 reason = "stop"
             elif len(sequence.generated) >= params.max_tokens or sequence.position + 1 >= self.model.context_length:
                 reason = "length"
