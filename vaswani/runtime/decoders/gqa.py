@@ -31,8 +31,6 @@ class GqaRuntime:
 
     name = "gqa"
     engine = "onnxruntime"
-    title = "ONNX Runtime"
-    auto_reason = "the default engine"
     takes_cache_tensors = False
 
     @classmethod
@@ -46,10 +44,6 @@ class GqaRuntime:
                 "--attention portable."
             )
         return None
-
-    @classmethod
-    def auto_refusal(cls, manifest: dict, provider: str) -> str | None:
-        return None  # the default engine: what "auto" falls back to
 
     @classmethod
     def load(cls, model: Any, request) -> "GqaRuntime":

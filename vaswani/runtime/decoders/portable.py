@@ -37,8 +37,6 @@ class PortableRuntime:
 
     name = "portable"
     engine = "onnxruntime"
-    title = "ONNX Runtime"
-    auto_reason = "the default engine"
     takes_cache_tensors = True
 
     @classmethod
@@ -46,10 +44,6 @@ class PortableRuntime:
         if is_gqa_form(request.manifest):
             return f"{request.folder} holds the GroupQueryAttention form of the decoder, not the portable one."
         return None
-
-    @classmethod
-    def auto_refusal(cls, manifest: dict, provider: str) -> str | None:
-        return None  # the default engine: what "auto" falls back to
 
     @classmethod
     def load(cls, model: Any, request) -> "PortableRuntime":

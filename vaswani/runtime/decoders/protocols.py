@@ -81,7 +81,10 @@ class DecoderRuntime(Protocol):
 
     name: ClassVar[str]  # its key in `DECODER_RUNTIMES`
     engine: ClassVar[str]  # the `engine=` that asks for it: "onnxruntime", "openvino", ...
-    title: ClassVar[str]  # the engine's name in logs: "ONNX Runtime", "OpenVINO"
+    # A runtime of an engine other than the default ("onnxruntime", what "auto" falls back to, which needs none of
+    # these) is a candidate of `engine="auto"` (`chosen_engine`) and also declares `title`, `auto_reason` and
+    # `auto_refusal`:
+    title: ClassVar[str]  # the engine's name in logs: "OpenVINO"
     auto_reason: ClassVar[str]  # why `engine="auto"` chooses it where `auto_refusal` is None, for the log
     # Whether the graph takes the cache as tensors, past in and present out (`run`, `run_arrays`: the lean step
     # and a left-padded batch); False where the runtime keeps the cache its own way.
@@ -94,7 +97,8 @@ class DecoderRuntime(Protocol):
     @classmethod
     def auto_refusal(cls, manifest: dict, provider: str) -> str | None:
         """Why `engine="auto"` does not choose this runtime's engine here (None: it does, for being faster). Asked
-        of the runtimes of engines other than the default; raises ImportError where the engine is not installed."""
+        only of the runtimes of engines other than the default; raises ImportError where the engine is not
+        installed."""
 
     @classmethod
     def load(cls, model: Any, request: LoadRequest) -> "DecoderRuntime":
