@@ -159,16 +159,20 @@ def self_signed_certificate(folder: Path) -> tuple[Path, Path] | None:
     return key, certificate
 
 
-def scheduled_tokens(scheduler, requests: list, timeout: float = 60) -> list[list[int]]:
-    """Each request's tokens (`requests`: (prompt ids, SamplingParams) pairs) from `scheduler`, every request submitted
-    before it starts; the scheduler is stopped after."""
-    answers, finished = [[] for _ in requests], threading.Semaphore(0)
+def scheduled_results(scheduler, requests: list, timeout: float = 60) -> list[tuple[list[int], str, str | None]]:
+    """Each request's (tokens, finish reason, error) from `scheduler` (`requests`: (prompt ids, SamplingParams)
+    pairs), every request submitted before it starts, so the first ones are prefilled as one group; the scheduler is
+    stopped after."""
+    results = [([], None, None) for _ in requests]
+    finished = threading.Semaphore(0)
 
     def emitter(index):
         def emit(event):
+            tokens, _, _ = results[index]
             if event.token is not None:
-                answers[index].append(event.token)
-            if event.finish_reason:
+                tokens.append(event.token)
+            if event.finish_reason is not None:
+                results[index] = (tokens, event.finish_reason, event.error)
                 finished.release()
 
         return emit
@@ -178,7 +182,12 @@ def scheduled_tokens(scheduler, requests: list, timeout: float = 60) -> list[lis
     scheduler.start()
     try:
         for _ in requests:
-            assert finished.acquire(timeout=timeout)
+            assert finished.acquire(timeout=timeout), "the scheduler did not finish every request"
     finally:
         scheduler.stop()
-    return answers
+    return results
+
+
+def scheduled_tokens(scheduler, requests: list, timeout: float = 60) -> list[list[int]]:
+    """Each request's tokens from `scheduler` (`scheduled_results`)."""
+    return [tokens for tokens, _, _ in scheduled_results(scheduler, requests, timeout)]

@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from serving_cases import offline_answer, serving, tiny_chat_tokenizer
+from serving_cases import offline_answer, scheduled_results, serving, tiny_chat_tokenizer
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
@@ -60,32 +60,9 @@ def chat_prompt(tokenizer, question: str) -> list[int]:
 
 
 def run_engine(step_model, requests: list[tuple[list[int], SamplingParams]], max_batch: int = 16):
-    """Every request submitted before the engine starts (so the first ones are prefilled as one group), run to the
+    """Every request submitted before the scheduler starts (so the first ones are prefilled as one group), run to the
     end; returns each request's (tokens, finish reason, error)."""
-    engine = Scheduler(step_model, max_batch=max_batch, max_waiting=len(requests))
-    results = [([], None, None) for _ in requests]
-    finished = threading.Semaphore(0)
-
-    def emitter(index):
-        def emit(event):
-            tokens, _, _ = results[index]
-            if event.token is not None:
-                tokens.append(event.token)
-            if event.finish_reason is not None:
-                results[index] = (tokens, event.finish_reason, event.error)
-                finished.release()
-
-        return emit
-
-    for index, (prompt, params) in enumerate(requests):
-        engine.submit(prompt, params, emitter(index))
-    engine.start()
-    try:
-        for _ in requests:
-            assert finished.acquire(timeout=60), "the engine did not finish every request"
-    finally:
-        engine.stop()
-    return results
+    return scheduled_results(Scheduler(step_model, max_batch=max_batch, max_waiting=len(requests)), requests)
 
 
 def generate_sampled(model, prompt: list[int], seed: int, max_new_tokens: int, **values) -> list[int]:
