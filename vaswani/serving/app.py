@@ -108,7 +108,7 @@ def create_app(
     async def health() -> JSONResponse:
         # The process id tells replicas apart behind a router (Ray Serve).
         body = {"status": "ok", "model": service.name, "pid": os.getpid(), **service.stats()}
-        scheduler = getattr(service, "scheduler", None)
+        scheduler = service.scheduler
         if scheduler is not None and not scheduler.alive:
             # The watchdog's answer: a load balancer or Kubernetes takes the replica out, and restarts it.
             reason = scheduler.failure or (

@@ -58,7 +58,7 @@ class ServerMetrics:
         self.batch_size = Histogram(
             "vaswani_batch_size", "Running sequences per decoding step.", buckets=BATCH_BUCKETS, registry=registry
         )
-        scheduler = getattr(service, "scheduler", None)
+        scheduler = service.scheduler
         if scheduler is not None:
             for name, key in (("running", "running"), ("prefilling", "prefilling"), ("waiting", "waiting")):
                 gauge = Gauge(f"vaswani_{name}_sequences", f"Sequences {name} in the scheduler.", registry=registry)

@@ -40,7 +40,7 @@ class VaswaniReplica:
     def __init__(self, folder: str, options: dict[str, Any], app_options: dict[str, Any] | None = None):
         self.service = load_service(folder, **options)
         self.app_options = app_options or {}
-        scheduler = getattr(self.service, "scheduler", None)
+        scheduler = self.service.scheduler
         if scheduler is not None:
             scheduler.start()  # idempotent; Ray may or may not run the app's lifespan
 

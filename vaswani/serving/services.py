@@ -96,6 +96,7 @@ class EncoderService:
 
     kinds = {"feature-extraction": "embedding", "text-classification": "classification"}  # export task -> kind
     description = ""
+    scheduler = None  # no continuous batching: the app, its metrics and Ray replicas read this to know
 
     def __init__(self, name: str, tokenizer: PreTrainedTokenizerBase, model: Any, task: str):
         self.name, self.tokenizer, self.model = name, tokenizer, model
