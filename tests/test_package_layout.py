@@ -16,6 +16,7 @@ FLOORS = {
     "modeling": 0,
     "folders": 0,
     "data": 1,
+    "constraints": 1,
     "conversion": 2,
     "training": 2,
     "runtime": 3,

@@ -352,9 +352,9 @@ BAD_REQUESTS = {
     ),
     "unsupported feature": (
         "/v1/chat/completions",
-        chat_body("Hi", tools=[{"type": "function", "function": {"name": "f"}}]),
+        chat_body("Hi", functions=[{"name": "f", "parameters": {"type": "object"}}]),
         400,
-        "tools",
+        "functions",
     ),
     "embeddings of a decoder": ("/v1/embeddings", {"model": MODEL, "input": "Hi"}, 400, "embedding"),
     "unknown route": ("/v1/images/generations", {"model": MODEL}, 404, "Not Found"),

@@ -410,12 +410,15 @@ BAD_SAMPLING = {
     "frequency_penalty below -2": (chat(frequency_penalty=-3), "frequency_penalty"),
     "top_logprobs above 20": (chat(logprobs=True, top_logprobs=21), "top_logprobs"),
     "top_logprobs without logprobs": (chat(top_logprobs=2), "top_logprobs"),
-    "response_format json_object": (chat(response_format={"type": "json_object"}), "response_format"),
-    "response_format json_schema": (
+    "response_format of an unknown type": (chat(response_format={"type": "xml"}), "response_format.type"),
+    "response_format json_schema without a name": (
         chat(response_format={"type": "json_schema", "json_schema": {}}),
-        "response_format",
+        "response_format.json_schema.name",
     ),
-    "tools": (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+    "tools with a bad function name": (
+        chat(tools=[{"type": "function", "function": {"name": "two words"}}]),
+        "tools.0.function.name",
+    ),
     "tool_choice": (chat(tool_choice="auto"), "tool_choice"),
     "functions": (chat(functions=[{"name": "f"}]), "functions"),
     "stop past 64 strings": (chat(stop=[f"s{i}" for i in range(65)]), "stop"),

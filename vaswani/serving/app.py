@@ -34,6 +34,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..constraints import CompiledGrammar
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics
 from .middleware import ApiKeyCheck, RequestContext
@@ -294,7 +295,7 @@ class Answer:
         received_at: float | None = None,
         timeout: float | None = None,
     ):
-        self.service, self.prompts, self.metrics = service, prompts, metrics
+        self.service, self.prompts, self.params, self.metrics = service, prompts, params, metrics
         self.received_at = received_at if received_at is not None else time.perf_counter()
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         self.dispatcher = dispatcher()
@@ -364,7 +365,8 @@ class Answer:
             if event.token is not None:
                 self.observe(index, last)
                 # A token that ends the answer (end-of-sequence, stop_token_ids) is counted, not shown (vLLM's way).
-                delta = stream.add(event.token, shown=event.finish_reason != "stop" or stream.include_stop)
+                ends_answer = event.finish_reason == "stop" and event.token in self.params[index].ends
+                delta = stream.add(event.token, shown=not ends_answer or stream.include_stop)
             reason = event.finish_reason
             if reason == "abort":
                 reason = "length" if self.expired else "abort"  # "abort": the client is gone, nobody reads it
@@ -400,7 +402,27 @@ def engine_unavailable(reason: str) -> OpenAIError:
     )
 
 
-def sampling_params(service: GenerationService, body: Any, max_tokens: int) -> list[SamplingParams]:
+def answer_grammar(service: GenerationService, body: Any) -> CompiledGrammar | None:
+    """The request's constraint on its answer, compiled for the model (None: free text); a 400 naming the field that
+    carried a constraint this server cannot enforce."""
+    try:
+        constraint = body.constraint()
+    except ValueError as error:
+        raise OpenAIError(f"Invalid constraint: {error}.") from None
+    if constraint is None:
+        return None
+    field, grammar = constraint
+    try:
+        return service.compile(grammar)
+    except ValueError as error:
+        raise OpenAIError(f"{field}: {error}", param=field) from None
+    except ImportError as error:
+        raise OpenAIError(f"{field}: this server cannot constrain answers: {error}", param=field) from None
+
+
+def sampling_params(
+    service: GenerationService, body: Any, max_tokens: int, grammar: CompiledGrammar | None = None
+) -> list[SamplingParams]:
     """The scheduler's parameters of the request's `n` choices (of one prompt): choice j's seed is seed + j."""
     biases, stop_ids = body.token_biases(), body.stop_token_ids or []
     for field, ids in (("logit_bias", biases or {}), ("stop_token_ids", stop_ids)):
@@ -435,6 +457,7 @@ def sampling_params(service: GenerationService, body: Any, max_tokens: int) -> l
                 logit_bias=biases,
                 min_tokens=body.min_tokens,
                 request_stop_ids=frozenset(stop_ids),
+                grammar=grammar,
             )
             for index in range(body.n)
         ]
@@ -463,11 +486,12 @@ async def answer(
             f"server runs and queues {capacity} at most. Send fewer prompts or a smaller n.",
             param="n",
         )
+    grammar = await run_in_threadpool(answer_grammar, service, body)
     choice_prompts, params = [], []
     for prompt in prompts:
         max_tokens = await run_in_threadpool(service.check, prompt, body.token_limit, param)
         choice_prompts += [prompt] * body.n
-        params += sampling_params(service, body, max_tokens)
+        params += sampling_params(service, body, max_tokens, grammar)
     state = request.app.state
     received_at = getattr(request.state, "received_at", None)
     run = Answer(service, choice_prompts, params, state.metrics, received_at, state.request_timeout)

@@ -2,7 +2,7 @@
 
 Requests are pydantic models that reject what the server cannot honour instead of ignoring it: an unknown field, a
 field of the wrong type or out of range (the sampling values are checked as vLLM checks them, non-finite numbers
-included), or a feature that is not implemented (`tools`, a JSON `response_format`) each end in a 400
+included), or a feature that is not implemented (the deprecated `functions`) each end in a 400
 whose body names the field, in OpenAI's error shape:
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens", "code": null}}
@@ -16,12 +16,14 @@ probability shapes: `chat_logprobs_body`, `text_logprobs_body`), so a streamed c
 model validation.
 """
 
+import json
 import time
 import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from ..constraints import Grammar
 from .sampling import MAX_LOGPROBS
 
 # OpenAI's API takes 4 stop strings; vLLM takes any number. A bound keeps the per-token check cheap.
@@ -82,9 +84,79 @@ class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(StrictModel):
+    """OpenAI's `response_format.json_schema`: the schema the answer must satisfy, with its name."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: bool | None = None  # the answer is always held to the schema, strict or not
+
+
 class ResponseFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError('response_format takes json_schema exactly when its type is "json_schema"')
+        return self
+
+
+class StructuredOutputs(StrictModel):
+    """vLLM's `structured_outputs`: one of `json` (a schema), `regex`, `choice`, `grammar` (Lark or GBNF/EBNF) or
+    `json_object`; `disable_any_whitespace` writes JSON compactly."""
+
+    json_schema: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    disable_fallback: bool = False  # there is one engine here, so no fallback to disable
+    disable_additional_properties: bool = False
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    def grammar_of(self) -> Grammar | None:
+        given = {
+            "json": self.json_schema,
+            "regex": self.regex,
+            "choice": self.choice,
+            "grammar": self.grammar,
+            "json_object": self.json_object or None,
+        }
+        named = [name for name, value in given.items() if value is not None]
+        if len(named) > 1:
+            raise ValueError(f"structured_outputs takes one constraint, got {', '.join(named)}")
+        flexible = not self.disable_any_whitespace
+        if self.json_schema is not None:
+            schema = self.json_schema
+            if self.disable_additional_properties:
+                schema = closed_objects(json.loads(schema) if isinstance(schema, str) else schema)
+            return Grammar.json_schema(schema, flexible)
+        if self.json_object:
+            return Grammar.json_object(flexible)
+        if self.regex is not None:
+            return Grammar.regex(self.regex)
+        if self.choice is not None:
+            return Grammar.choice(self.choice)
+        return Grammar.grammar(self.grammar) if self.grammar is not None else None
+
+
+def closed_objects(schema: Any) -> Any:
+    """`schema` with `additionalProperties: false` on every object that does not say (vLLM's
+    `disable_additional_properties`)."""
+    if isinstance(schema, list):
+        return [closed_objects(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    closed = {key: closed_objects(value) for key, value in schema.items()}
+    if closed.get("type") == "object" or "properties" in closed:
+        closed.setdefault("additionalProperties", False)
+    return closed
 
 
 class SamplingFields(StrictModel):
@@ -118,13 +190,17 @@ class SamplingFields(StrictModel):
     spaces_between_special_tokens: bool = True
     # OpenAI's: token id (a string key in JSON) -> a bias in [-100, 100] added to its score before sampling.
     logit_bias: dict[str, float] | None = None
+    # Constraints on the answer's text (at most one): OpenAI's response_format, vLLM's structured_outputs and its
+    # older guided_* fields.
     response_format: ResponseFormat | None = None
-    # Accepted at their no-op values only (clients send the defaults explicitly); anything else is a 400.
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    # OpenAI's deprecated function calling: accepted at its no-op values only (clients send the defaults); use tools.
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
 
     @field_validator(*NULL_MEANS_DEFAULT, mode="before")
     @classmethod
@@ -170,22 +246,42 @@ class SamplingFields(StrictModel):
         """`logit_bias` keyed by token id (None when empty)."""
         return {int(key): bias for key, bias in self.logit_bias.items()} if self.logit_bias else None
 
-    @field_validator("tools", "tool_choice", "functions", "function_call")
+    @field_validator("functions", "function_call")
     @classmethod
     def _unsupported(cls, value: Any, info: ValidationInfo) -> Any:
         if value and value != "none":  # an empty list or "none" asks for nothing: clients send them as defaults
-            raise ValueError(f"{info.field_name} is not supported by this server; leave it unset")
+            raise ValueError(f"{info.field_name} is deprecated by OpenAI and not served here; send tools instead")
         return value
 
-    @field_validator("response_format")
-    @classmethod
-    def _text_format(cls, value: ResponseFormat | None) -> ResponseFormat | None:
-        if value is not None and value.type != "text":
-            raise ValueError(
-                f"response_format {value.type!r} is not supported by this server (it has no constrained decoding); "
-                'leave it unset or send {"type": "text"}'
-            )
-        return value
+    def constraint(self) -> tuple[str, Grammar] | None:
+        """The constraint the request puts on its answer's text, with the field that carried it (None: free text); a
+        ValueError names a bad constraint, or two given at once."""
+        given: dict[str, Any] = {}
+        response_format = self.response_format
+        if response_format is not None and response_format.type == "json_object":
+            given["response_format"] = Grammar.json_object
+        elif response_format is not None and response_format.type == "json_schema":
+            given["response_format"] = lambda: Grammar.json_schema(response_format.json_schema.json_schema)
+        if self.structured_outputs is not None:
+            given["structured_outputs"] = self.structured_outputs.grammar_of
+        makers = {
+            "guided_json": Grammar.json_schema,
+            "guided_regex": Grammar.regex,
+            "guided_choice": Grammar.choice,
+            "guided_grammar": Grammar.grammar,
+        }
+        for name, make in makers.items():
+            if getattr(self, name) is not None:
+                given[name] = lambda make=make, value=getattr(self, name): make(value)
+        if len(given) > 1:
+            raise ValueError(f"a request takes one constraint on its answer, got {' and '.join(given)}")
+        for name, make in given.items():
+            try:
+                grammar = make()
+            except ValueError as error:
+                raise ValueError(f"{name}: {error}") from None
+            return (name, grammar) if grammar is not None else None
+        return None
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self):
@@ -199,15 +295,69 @@ class TextPart(StrictModel):
     text: str
 
 
+class FunctionCall(StrictModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class MessageToolCall(StrictModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(StrictModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[TextPart] = Field(description="a string, or text parts (other part types are not supported)")
+    content: str | list[TextPart] | None = Field(
+        default=None, description="a string, or text parts (other part types are not supported)"
+    )
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's calls, sent back with the tools' results
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
-    def template_input(self) -> dict[str, str]:
-        """The message as chat templates take it: the text parts joined into one string."""
-        content = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
-        return {"role": self.role, "content": content, **({"name": self.name} if self.name else {})}
+    @model_validator(mode="after")
+    def _content_or_calls(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content (only an assistant's tool calls may come without)")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        return self
+
+    def template_input(self) -> dict[str, Any]:
+        """The message as chat templates take it: the text parts joined into one string, tool calls as OpenAI sends
+        them (`tools.template_messages` turns their arguments into the dicts templates expect)."""
+        content = self.content if not isinstance(self.content, list) else "".join(part.text for part in self.content)
+        message: dict[str, Any] = {"role": self.role, "content": content}
+        if self.name:
+            message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class FunctionDefinition(StrictModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; none: any object
+    strict: bool | None = None
+
+
+class Tool(StrictModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(StrictModel):
+    name: str
+
+
+class NamedToolChoice(StrictModel):
+    type: Literal["function"]
+    function: ToolChoiceFunction
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -215,6 +365,27 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None  # the newer name of max_tokens
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    # Tools the model may call: given to the chat template, and its calls parsed from the answer. tool_choice "auto"
+    # (the default with tools) lets the model choose; "required" and a named function are enforced by a grammar.
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_needs_tools(cls, value: Any, info: ValidationInfo) -> Any:
+        if value not in (None, "none") and not info.data.get("tools"):
+            raise ValueError("tool_choice needs tools: send the tools the model may call, or drop tool_choice")
+        return value
+
+    @property
+    def tool_mode(self) -> str | None:
+        """How the answer uses the tools: None (no tools, or tool_choice "none"), "auto", "required" or "named"."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return self.tool_choice or "auto"
 
     @field_validator("max_completion_tokens")
     @classmethod

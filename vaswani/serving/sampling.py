@@ -36,6 +36,8 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from ..constraints import CompiledGrammar, GrammarMatcher
+
 log = logging.getLogger(__name__)
 
 # vLLM's floor: a positive temperature below it is raised to it, so that logits / temperature stays finite (1e-320
@@ -74,6 +76,9 @@ class SamplingParams:
     min_tokens: int = 0
     # vLLM's stop_token_ids: the request's own ids that end it with "stop" (also under `ignore_eos`).
     request_stop_ids: frozenset[int] = frozenset()
+    # A constraint on the answer's text (JSON schema, regular expression, grammar): each row gets its own matcher,
+    # which masks the tokens the grammar does not allow before anything else touches the scores.
+    grammar: CompiledGrammar | None = None
 
     def __post_init__(self) -> None:
         checks = {
@@ -184,8 +189,10 @@ class RowSampler:
         self.processors = logits_processors(params, len(prompt))
         self.prompt_length = len(prompt)
         self.held_ends = torch.tensor(sorted(params.ends), dtype=torch.long) if params.min_tokens else None
-        # Greedy rows without penalties, bias or a minimum need nothing of their own: the batch's argmax serves them.
-        self.plain = params.greedy and not self.processors and self.held_ends is None
+        self.matcher: GrammarMatcher | None = params.grammar.matcher() if params.grammar is not None else None
+        # Greedy rows without penalties, bias, a minimum or a grammar need nothing of their own: the batch's argmax
+        # serves them.
+        self.plain = params.greedy and not self.processors and self.held_ends is None and self.matcher is None
         self.generator: torch.Generator | None = None
         if not params.greedy:
             self.generator = torch.Generator()
@@ -203,17 +210,26 @@ class RowSampler:
         """The next token for this row's `logits` (vocab,)."""
         scores = torch.from_numpy(np.array(logits, dtype=np.float32, copy=True))[None]  # the processors' own copy
         ids = self.ids[:, : self.length] if self.ids is not None else None
+        if self.matcher is not None:
+            scores = self.matcher.mask_scores(scores)
         if self.held_ends is not None and self.length - self.prompt_length < self.params.min_tokens:
             scores[:, self.held_ends] = -math.inf  # too short to end yet (vLLM's min_tokens)
         for processor in self.processors:
             scores = processor(ids, scores)
+        if bool(torch.isneginf(scores).all()):
+            raise ValueError(
+                "no token is allowed: the request's grammar, logit_bias and min_tokens together exclude every token"
+            )
         if self.generator is None:
             return int(scores.argmax(-1))
         probabilities = torch.softmax(scores, dim=-1)
         return int(torch.multinomial(probabilities, num_samples=1, generator=self.generator))
 
     def record(self, token: int) -> None:
-        """Count `token` as part of the answer (for the penalties)."""
+        """Count `token` as part of the answer (for the penalties, and the grammar: a token that ends the answer is
+        not part of its text)."""
+        if self.matcher is not None and token not in self.params.ends:
+            self.matcher.accept(token)
         if self.ids is not None and self.length < self.ids.shape[1]:
             self.ids[0, self.length] = token
         self.length += 1

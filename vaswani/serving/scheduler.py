@@ -28,12 +28,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ..constraints import fill_masks
 from .batches import Batch, Prefill
 from .sampling import RowSampler, SamplingParams, TokenChoice, TokenLogprobs
 from .sampling import choose_tokens as choose_row_tokens
@@ -120,7 +122,9 @@ class Scheduler:
         self.steps = 0  # decoding steps so far, for /health and tests
         # Seconds spent in each part of the loop, for /health and the benchmark: the graph's calls (prefill, decode)
         # against the batching work around them (join: merging prefilled rows in; leave: dropping rows, trimming).
-        self.seconds = dict.fromkeys(("prefill", "decode", "join", "leave", "sampling"), 0.0)
+        # grammar: waiting for the grammars' masks after the step (they are computed during it).
+        self.seconds = dict.fromkeys(("prefill", "decode", "join", "leave", "sampling", "grammar"), 0.0)
+        self.mask_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vaswani-grammar")
 
     # -- the API the server calls, from any thread
 
@@ -176,6 +180,7 @@ class Scheduler:
             self.thread.join(timeout=10)
         if self.thread is None or not self.thread.is_alive():
             self._fail_all("the server is shutting down.", waiting=True)
+        self.mask_worker.shutdown(wait=False)
 
     # -- the scheduler thread
 
@@ -275,8 +280,15 @@ class Scheduler:
         if not rows:
             return
         tokens = np.array([sequence.generated[-1] for sequence in rows], dtype=np.int64)
+        # The grammars' masks for this step's tokens are computed beside the step (llguidance and ONNX Runtime both
+        # release the GIL), off the critical path as vLLM computes them.
+        matchers = [sequence.sampler.matcher for sequence in rows if sequence.sampler.matcher is not None]
+        masks = self.mask_worker.submit(fill_masks, matchers) if matchers else None
         with self.timed("decode"):
             logits = self.batch.step(tokens)
+        if masks is not None:
+            with self.timed("grammar"):
+                masks.result()
         self.steps += 1
         with self.timed("sampling"):
             tokens = choose_tokens(logits, rows)
@@ -306,6 +318,8 @@ class Scheduler:
             reason = None
             if token in params.ends:
                 reason = "stop"
+            elif sequence.sampler.matcher is not None and sequence.sampler.matcher.finished:
+                reason = "stop"  # the grammar is complete: nothing may follow
             elif len(sequence.generated) >= params.max_tokens or sequence.position + 1 >= self.model.context_length:
                 reason = "length"
             if reason is None:

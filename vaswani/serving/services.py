@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from ..constraints import CompiledGrammar, Grammar, compile_grammar, grammar_vocabulary
 from .batches import TorchStepModel, context_length
 from .protocol import OpenAIError
 from .scheduler import Scheduler
@@ -51,6 +52,12 @@ class GenerationService:
             # client's to fix, as vLLM answers it.
             raise OpenAIError(f"The model's chat template rejected the messages: {error}", param="messages") from None
         return list(encoded["input_ids"])
+
+    def compile(self, grammar: Grammar) -> CompiledGrammar:
+        """`grammar` compiled for this model's vocabulary (the vocabulary is read once, the grammar cached), allowing
+        this model's end-of-sequence ids where it is complete; a ValueError names what cannot be enforced."""
+        vocabulary = grammar_vocabulary(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        return compile_grammar(grammar, vocabulary)
 
     def text_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
