@@ -145,3 +145,52 @@ def test_bad_flags_are_argparse_errors(folders, capsys: pytest.CaptureFixture) -
         assert exit_info.value.code == 2
     errors = capsys.readouterr().err
     assert "--seed applies to sampling: add --temperature" in errors and "--top-p must be in (0, 1]" in errors
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer", "minimum": 0}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("form", ["pytorch", "onnx"])
+def test_json_schema_answers_are_the_servers_json(folders, form: str, tmp_path: Path, capsys) -> None:
+    """`--json-schema FILE`: the answer validates (jsonschema, the independent oracle) and is the answer `vaswani
+    serve` gives the same request with `response_format` json_schema, on either form of the folder."""
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("llguidance")
+    httpx = pytest.importorskip("httpx")
+    import json
+
+    from serving_cases import serving
+
+    from vaswani.serving import create_app, load_service
+
+    schema_file = tmp_path / "person.schema.json"
+    schema_file.write_text(json.dumps(PERSON))
+    flags = [str(folders[form]), "--prompt", "Describe a person.", "--json-schema", str(schema_file)]
+    assert vaswani_cli(["chat", *flags, "--max-new-tokens", "120"]) == 0
+    answer = capsys.readouterr().out.removesuffix("\n")
+    jsonschema.validate(json.loads(answer), PERSON)
+    service = load_service(folders["onnx"], threads=1)
+    body = {
+        "model": service.name,
+        "messages": [{"role": "user", "content": "Describe a person."}],
+        "max_tokens": 120,
+        "temperature": 0.0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+    }
+    with serving(create_app(service)) as server:
+        served = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    assert served["choices"][0]["message"]["content"] == answer
+
+
+def test_a_schema_that_cannot_be_enforced_is_refused(folders, tmp_path: Path, capsys) -> None:
+    pytest.importorskip("llguidance")
+    schema_file = tmp_path / "conditional.schema.json"
+    schema_file.write_text('{"type": "object", "if": {"required": ["a"]}}')
+    flags = [str(folders["onnx"]), "--prompt", "Hi", "--json-schema", str(schema_file)]
+    assert vaswani_cli(["chat", *flags]) == 2
+    assert 'cannot be enforced: Unimplemented keys: ["if"]' in capsys.readouterr().err

@@ -2,9 +2,10 @@
 
 Interactive without `--prompt`: lines from stdin, the answer's tokens streamed as they are generated, the history kept
 across turns (`/reset` clears it, `/exit` or end of input ends). With `--prompt TEXT`: one answer, and nothing else, on
-stdout. Greedy unless `--temperature` > 0.
+stdout. Greedy unless `--temperature` > 0. `--json-schema FILE` keeps every answer inside a JSON schema.
 
     $ vaswani chat outputs/chat-onnx --system "You tell short stories for children." --prompt "Tell me a story."
+    $ vaswani chat outputs/chat-onnx --json-schema person.schema.json --prompt "Describe a person."
 
 From Python:
 
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from .options import add_runtime_arguments
 
 if TYPE_CHECKING:
+    from ..constraints import Grammar
     from ..runtime.loading import LoadedFolder
 
 Messages = list[dict[str, str]]
@@ -33,13 +35,15 @@ Messages = list[dict[str, str]]
 @dataclass
 class ChatOptions:
     """How an answer is generated: greedy when `temperature` is 0, else sampled with `top_p`/`top_k` (None: off),
-    drawing as after `torch.manual_seed(seed)` when `seed` is given (the caller's random state is left as it was)."""
+    drawing as after `torch.manual_seed(seed)` when `seed` is given (the caller's random state is left as it was);
+    kept inside `grammar` when one is given (`vaswani.constraints.Grammar`)."""
 
     max_new_tokens: int = 256
     temperature: float = 0.0
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
+    grammar: "Grammar | None" = None  # a constraint on every answer (`--json-schema FILE`)
 
     def generate_kwargs(self) -> dict:
         """The keyword arguments of `generate` these options stand for."""
@@ -103,11 +107,25 @@ def chat_reply(
     pad_token_id = loaded.tokenizer.pad_token_id
     if pad_token_id is None:
         pad_token_id = loaded.tokenizer.eos_token_id
+    processors = [answer_constraint(loaded, options.grammar)] if options.grammar is not None else []
     with seeded(options.seed, loaded.model.device):
         tokens = loaded.model.generate(
-            **prompt, **options.generate_kwargs(), streamer=streamer, pad_token_id=pad_token_id
+            **prompt,
+            **options.generate_kwargs(),
+            streamer=streamer,
+            pad_token_id=pad_token_id,
+            logits_processor=processors,
         )
     return loaded.tokenizer.decode(tokens[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def answer_constraint(loaded: "LoadedFolder", grammar: "Grammar"):
+    """The logits processor that keeps the folder's answers inside `grammar`, ending them with the model's own
+    end-of-sequence ids (those of its generation config)."""
+    from ..constraints import GrammarLogitsProcessor
+
+    ends = loaded.model.generation_config.eos_token_id
+    return GrammarLogitsProcessor(grammar, loaded.tokenizer, ends, vocab_size=loaded.model.config.vocab_size)
 
 
 def chat_session(
@@ -157,6 +175,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, help="with --temperature: nucleus sampling's probability mass")
     parser.add_argument("--top-k", type=int, help="with --temperature: sample from the K likeliest tokens")
     parser.add_argument("--seed", type=int, help="with --temperature: the random seed, for repeatable answers")
+    parser.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        help="answer with JSON valid under the JSON schema in FILE (constrained decoding, as vaswani serve's "
+        "response_format json_schema)",
+    )
     add_runtime_arguments(parser)
 
 
@@ -176,6 +200,15 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
                 parser.error(f"{flag} applies to sampling: add --temperature T (T > 0; without it answers are greedy)")
 
 
+def json_schema_grammar(path: str) -> "Grammar":
+    """The constraint of `--json-schema FILE`: the JSON schema the file holds."""
+    from pathlib import Path
+
+    from ..constraints import Grammar
+
+    return Grammar.json_schema(Path(path).read_text())
+
+
 def run(args: argparse.Namespace) -> int:
     """`vaswani chat`: 0 when the chat ended normally, 2 for a folder that cannot chat."""
     check_arguments(args.parser, args)
@@ -190,7 +223,14 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError, ImportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    options = ChatOptions(args.max_new_tokens, args.temperature, args.top_p, args.top_k, args.seed)
+    try:
+        grammar = json_schema_grammar(args.json_schema) if args.json_schema else None
+        if grammar is not None:
+            answer_constraint(loaded, grammar)  # compiled now (and cached): a schema it cannot enforce ends here
+    except (ValueError, OSError, ImportError) as error:
+        print(f"error: --json-schema: {error}", file=sys.stderr)
+        return 2
+    options = ChatOptions(args.max_new_tokens, args.temperature, args.top_p, args.top_k, args.seed, grammar)
     set_command_threads("model" if loaded.form == "pytorch" else "small-ops", args.threads)
     if args.prompt is not None:
         messages = [{"role": "system", "content": args.system}] if args.system else []
