@@ -2,7 +2,7 @@
 
 Where things are:
 
-- `protocol.py`: the OpenAI request/response shapes, the checks on requests and the error bodies.
+- `protocol.py`: the OpenAI request shapes, the checks on requests and the errors; `responses.py`: the response bodies.
 - `batches.py`: the interface the scheduler drives (`Batch`, `Prefill`) and PyTorch's step model (`TorchStepModel`);
   an export's step model and batch kind come from its decoder runtime (`model.decoder_runtime.step_model()`,
   `vaswani.runtime.decoders`: left-padded, per-row lengths in in-place KV buffers, or held by OpenVINO).
@@ -25,4 +25,12 @@ from .app import create_app
 from .scheduler import QueueFull, SamplingParams, Scheduler
 from .services import EncoderService, GenerationService, load_service
 
-__all__ = ["Scheduler", "EncoderService", "GenerationService", "QueueFull", "SamplingParams", "create_app", "load_service"]
+__all__ = [
+    "Scheduler",
+    "EncoderService",
+    "GenerationService",
+    "QueueFull",
+    "SamplingParams",
+    "create_app",
+    "load_service",
+]

@@ -44,11 +44,13 @@ from .protocol import (
     CompletionRequest,
     EmbeddingRequest,
     OpenAIError,
+    error_body,
+)
+from .responses import (
     TokenEntry,
     chat_logprobs_body,
     chunk_body,
     completion_body,
-    error_body,
     new_id,
     text_logprobs_body,
     usage_body,
