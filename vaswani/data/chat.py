@@ -27,11 +27,38 @@ ROLES = ("system", "user", "assistant", "tool")
 
 # ChatML, the format of many open chat models. The `generation` block marks what the assistant writes, for
 # transformers' `apply_chat_template(..., return_assistant_tokens_mask=True)`; it changes nothing in the rendered text.
+# Tools follow the Hermes convention (as Qwen's templates do, so `vaswani serve` reads calls with its "hermes" parser):
+# given `tools`, the first turn is a system turn that holds the conversation's system message, if any, lists the tools
+# inside <tools></tools> and shows the <tool_call> block to answer with; an assistant's `tool_calls` are written as those
+# blocks (arguments as JSON, or as given when they are text) and a tool's result comes back as a user turn inside
+# <tool_response></tool_response>. Without tools and tool calls the text is plain ChatML.
 CHATML_TEMPLATE = (
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}{{- messages[0]['content'] + '\\n\\n' -}}{%- endif -%}"
+    "{{- 'You can call the functions described by these JSON schemas:\\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
+    "{{- '\\n</tools>\\n\\nTo call one, answer with its name and arguments as a JSON object in a <tool_call> block "
+    '(one block per call):\\n<tool_call>\\n{"name": <function name>, "arguments": <arguments object>}\\n'
+    "</tool_call><|im_end|>\\n' -}}"
+    "{%- endif -%}"
     "{%- for message in messages -%}"
-    "{%- if message['role'] == 'assistant' -%}"
+    "{%- if tools and loop.first and message['role'] == 'system' -%}"
+    "{%- elif message['role'] == 'assistant' -%}"
     "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- generation -%}{{- message['content'] + '<|im_end|>\\n' -}}{%- endgeneration -%}"
+    "{%- generation -%}"
+    "{{- message['content'] or '' -}}"
+    "{%- for call in message.tool_calls or [] -%}"
+    "{%- set function = call.function if call.function is defined else call -%}"
+    "{%- if message['content'] or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
+    "{{- '<tool_call>\\n{\"name\": ' + (function.name | tojson) + ', \"arguments\": ' -}}"
+    "{{- function.arguments if function.arguments is string else function.arguments | tojson -}}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endgeneration -%}"
+    "{%- elif message['role'] == 'tool' -%}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' -}}"
     "{%- else -%}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
     "{%- endif -%}"
