@@ -19,6 +19,14 @@ ignoring end-of-sequence: see ENGINE_NOTES). Each server runs in a process of it
 most `--max-batch` sequences at once, alone on the machine while it is measured (started, warmed up with two
 requests, measured at every rate, stopped); the servers take turns within a round, in reverse order every other round,
 and each figure is the median over rounds. The client (asyncio + httpx) runs in this process, on the same cores.
+
+`--structured-share 0.5` adds the structured-output mix (vaswani engines only): each rate runs again on the same
+server with half its requests carrying a JSON schema (`serve_workload.with_structured_share`), plain and mix in
+alternating order, the server's seconds waiting for masks read from `/health`; --json and --markdown then write the
+`serving` part of the structured-outputs page (benchmarks/structured_outputs_page.py):
+
+    python -m benchmarks.benchmark_serve_mixed --engines vaswani-int8 --structured-share 0.5 --rounds 3 \
+        --json docs/results/structured_outputs_cpu.json --markdown docs/results/structured_outputs_cpu.md
 """
 
 import argparse
@@ -36,8 +44,11 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import provenance
+from benchmarks import serve_workload as workload
 from benchmarks.provenance import CPU_FLAGS, command_line, cpu_description
-from benchmarks.serve_workload import make_workload, run_workload, summarize
+from benchmarks.serve_workload import make_workload, run_workload
+from benchmarks.structured_outputs_page import publish_part
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -409,6 +420,10 @@ def main() -> None:
     parser.add_argument("--range-ratio", type=float, default=0.5)
     parser.add_argument("--burstiness", type=float, default=1.0, help="1: Poisson arrivals")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--structured-share", type=float, default=0.0, help="also run each rate with this share of the requests "
+        "carrying a JSON schema (vaswani engines; writes the structured-outputs page)",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-batch", type=int, default=16, help="sequences a server runs at once")
@@ -437,7 +452,7 @@ def main() -> None:
         recorded.rates = [float(rate) for rate in recorded.rates.strip("[]").split(",")]
         return publish(results, recorded, results["meta"]["command"])
     args.rates = [math.inf if math.isinf(rate) else rate for rate in args.rates]
-    command = command_line()
+    command, load_before = command_line(), os.getloadavg()[0]
     # SIGTERM (timeout, a job manager) unwinds like Ctrl-C, so that the server being measured is stopped too.
     signal.signal(signal.SIGTERM, _interrupt)
     began = time.time()
@@ -453,6 +468,7 @@ def main() -> None:
     # KV cache of prompts it has seen (llama-server, vLLM's prefix caching) would otherwise answer a rate's prompts
     # from the cache of the rate before.
     workloads = {}
+    schema = workload.structured_schema(workload.length_bounds(args.output_len, args.range_ratio)[1])
     for index, rate in enumerate(["warm-up", *args.rates]):
         items = make_workload(
             corpus_ids, 2 if rate == "warm-up" else args.num_prompts, args.input_len, args.output_len,
@@ -461,6 +477,10 @@ def main() -> None:
         texts = [tokenizer.decode(item.prompt_ids) for item in items]
         counts = [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
         workloads[str(rate)] = (items, texts, counts)
+        if args.structured_share:  # the same requests, a share with the one schema (the warm-up compiles it)
+            share = 0.5 if rate == "warm-up" else args.structured_share
+            mixed = workload.with_structured_share(items, share, args.seed + 1000 * index, schema)
+            workloads[f"{rate} structured"] = (mixed, texts, counts)
     all_counts = [count for rate, (_, _, counts) in workloads.items() if rate != "warm-up" for count in counts]
     results = {
         "meta": {
@@ -496,7 +516,12 @@ def main() -> None:
         results["meta"]["elapsed_s"] = time.time() - began
         if not results["meta"]["load"]:
             results["meta"]["load"] = [os.getloadavg()[0]]
-        if args.json and args.markdown:
+        if args.json and args.structured_share:
+            packages = (*provenance.PACKAGES, "llguidance")
+            part = {"command": command, "machine": provenance.machine(args.threads, load_before >= 0.5, packages),
+                    "load_before": load_before, **json.loads(json.dumps(results, default=str))}  # fmt: skip
+            publish_part("serving", part, Path(args.json), Path(args.markdown) if args.markdown else None)
+        elif args.json and args.markdown:
             publish(json.loads(json.dumps(results, default=str)), args, command)
         elif args.json:
             Path(args.json).write_text(json.dumps(results, indent=1, default=str) + "\n")
@@ -514,39 +539,30 @@ def main() -> None:
                 results["meta"]["skipped"][engine] = f"the server did not start: {str(error)[:300]}"
                 continue
             try:
-                asyncio.run(run_workload(server.url, engine, *workloads["warm-up"], server.fixed_length))
-                for rate in args.rates:
-                    items, texts, counts = workloads[str(rate)]
+                # Plain and mixed on the same server (vaswani engines), in alternating order between rounds.
+                mixes = ("plain", "structured") if args.structured_share and engine.startswith("vaswani-") else ()
+                mixes = (mixes[::-1] if round_index % 2 else mixes) or ("plain",)
+                warm_up = "warm-up structured" if "structured" in mixes else "warm-up"
+                asyncio.run(run_workload(server.url, engine, *workloads[warm_up], server.fixed_length))
+                for rate, mix in [(rate, mix) for rate in args.rates for mix in mixes]:
+                    items, texts, counts = workloads[f"{rate} structured" if mix == "structured" else str(rate)]
                     load = os.getloadavg()[0]
+                    before = workload.server_seconds(server.url) if engine.startswith("vaswani-") else {}
                     records = asyncio.run(run_workload(server.url, engine, items, texts, counts, server.fixed_length))
-                    summary = summarize(records)
                     results["meta"]["load"] += [load, os.getloadavg()[0]]
-                    results["runs"].append(
-                        {
-                            "round": round_index,
-                            "engine": engine,
-                            "rate": str(rate),
-                            "summary": summary,
-                            "errors": [record.error for record in records if record.error][:5],
-                            "requests": [
-                                {  # seconds from the run's first request, to 0.1 ms (the file stays small)
-                                    "sent": round(record.sent - records[0].sent, 4),
-                                    "chunks": [round(chunk - records[0].sent, 4) for chunk in record.chunks],
-                                    "output_tokens": record.output_tokens,
-                                    "expected_tokens": record.expected_tokens,
-                                    "prompt_tokens": record.prompt_tokens,
-                                    "error": record.error,
-                                }
-                                for record in records
-                            ],
-                        }
-                    )
+                    entry = workload.run_entry(records, round=round_index, engine=engine, rate=str(rate))
+                    if args.structured_share:
+                        after = workload.server_seconds(server.url) if before else {}
+                        entry.update(mix=mix, server_seconds=workload.seconds_between(before, after))
+                        entry["kinds"] = workload.kind_summaries(records) if mix == "structured" else {}
+                    results["runs"].append(entry)
+                    summary = entry["summary"]
                     print(
-                        f"round {round_index + 1} {engine} rate {rate}: "
+                        f"round {round_index + 1} {engine} rate {rate} {mix}: "
                         f"{summary.get('output_throughput', 0):.1f} tok/s, "
                         f"TTFT p50 {summary.get('ttft_ms', {}).get('p50', math.nan):.0f} ms, "
                         f"ITL p50 {summary.get('itl_ms', {}).get('p50', math.nan):.1f} ms, "
-                        f"failed {summary['failed']}",
+                        f"failed {summary['failed']}, server seconds {entry.get('server_seconds', {})}",
                         flush=True,
                     )
             finally:

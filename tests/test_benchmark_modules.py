@@ -223,3 +223,100 @@ def test_a_run_records_its_command_as_the_reader_types_it(monkeypatch):
     main.__spec__ = None
     monkeypatch.setattr(sys, "argv", [str(ROOT / "examples" / "train_string_reversal.py"), "--json", "x.json"])
     assert command_line() == "python examples/train_string_reversal.py --json x.json"
+
+
+def test_the_grammar_library_benchmarks_answers_satisfy_their_constraints():
+    """The answers whose tokens the two libraries are timed on are valid: each schema's compact JSON validates (the
+    jsonschema package as the oracle) and the regular expression matches its answer whole."""
+    import json
+    import re
+
+    jsonschema = pytest.importorskip("jsonschema")
+    from benchmarks.benchmark_grammar_libraries import constraints
+
+    found = constraints()
+    assert [kind for kind, _, _ in found.values()].count("json_schema") == 3 and len(found) == 4
+    for name, (kind, source, answer) in found.items():
+        if kind == "json_schema":
+            jsonschema.validate(json.loads(answer), source)
+            assert ", " not in answer and ": " not in answer, name  # compact, as both libraries are told
+        else:
+            assert re.fullmatch(source, answer), name
+
+
+def library_part(rounds: list[list[float]], version: str) -> dict:
+    """A `libraries` result of one library and one constraint, per-token times per round as given."""
+    return {
+        "version": version,
+        "vocabulary_ms": [300.0] * len(rounds),
+        "constraints": {
+            "flat object": {
+                "tokens": len(rounds[0]),
+                "first_compile_ms": [2.0] * len(rounds),
+                "repeat_compile_ms": [0.1] * len(rounds),
+                "per_token_ms": rounds,
+                "parts_ms": {part: [0.01] * len(rounds) for part in ("fill", "apply", "advance")},
+            }
+        },
+    }
+
+
+def served_run(round_index: int, mix: str, throughput: float) -> dict:
+    summary = {"output_throughput": throughput, "output_tokens": 100, "failed": 0, "length_mismatches": 0}
+    summary.update(itl_ms={"p50": 40.0, "p95": 90.0}, ttft_ms={"p50": 500.0, "p95": 900.0})
+    kinds = {"structured": {"itl_ms": {"p50": 41.0}, "finish_reasons": {"length": 2}}} if mix == "structured" else {}
+    return {"round": round_index, "engine": "vaswani-int8", "rate": "inf", "mix": mix, "summary": summary,
+            "server_seconds": {"grammar": 0.02, "sampling": 0.1}, "kinds": kinds}  # fmt: skip
+
+
+def test_the_structured_outputs_page_renders_each_scripts_part_and_keeps_the_other(tmp_path: Path):
+    """Two scripts write the page: each `publish_part` replaces its own part and keeps the other's; the tables are
+    medians over rounds with their ranges, ratios round by round, and overlapping ranges are called a tie."""
+    import json
+
+    from benchmarks.provenance import machine
+    from benchmarks.results.pages import TABLE_MAKERS
+    from benchmarks.structured_outputs_page import publish_part
+
+    json_path, page_path = tmp_path / "structured.json", tmp_path / "structured.md"
+    libraries = {
+        "command": "python -m benchmarks.benchmark_grammar_libraries --rounds 2",
+        "machine": machine(threads=1),
+        "load_before": 0.1,
+        "settings": {"rounds": 2, "vocab_size": 49152},
+        "results": {
+            "llguidance": library_part([[0.1, 0.1, 0.3], [0.1, 0.2, 0.2]], "1.9.1"),
+            "xgrammar": library_part([[0.4, 0.4, 0.5], [0.3, 0.5, 0.5]], "0.2.9"),
+        },
+    }
+    publish_part("libraries", libraries, json_path, page_path)
+    arguments = {"rates": "[inf]", "engines": ["vaswani-int8"], "structured_share": 0.5, "threads": 2, "rounds": 2}
+    arguments.update(max_batch=16, num_prompts=24, seed=0, input_len=128, output_len=64, range_ratio=0.5)
+    serving = {
+        "command": "python -m benchmarks.benchmark_serve_mixed --structured-share 0.5",
+        "machine": machine(threads=2),
+        "load_before": 0.2,
+        "meta": {"args": arguments, "machine": {"cpu": "a CPU", "cores": 2}, "load": [0.2, 1.9]},
+        "runs": [served_run(0, "plain", 100.0), served_run(0, "structured", 96.0), served_run(1, "plain", 104.0)]
+        + [served_run(1, "structured", 90.0)],
+    }
+    publish_part("serving", serving, json_path, page_path)
+    results = json.loads(json_path.read_text())
+    assert set(results["raw"]) == {"libraries", "serving"}
+    assert results["command"] == f"{libraries['command']}; {serving['command']}"
+    setup, costs, versus, served = TABLE_MAKERS[results["tables_from"]](results["raw"], results["machine"])
+    assert [row[:3] for row in setup["rows"]] == [
+        ["llguidance", "1.9.1", "300 (300-300)"],
+        ["xgrammar", "0.2.9", "300 (300-300)"],
+    ]
+    # Per-round medians 0.1 and 0.2 (llguidance), 0.4 and 0.5 (xgrammar): ratios 4.0 and 2.5, no overlap.
+    assert costs["rows"][0][5] == "0.150 (0.100-0.200)" and costs["rows"][1][5] == "0.450 (0.400-0.500)"
+    assert versus["rows"][0][1:4] == ["xgrammar", "3.25x (2.50-4.00)", "llguidance 3.0x faster"]
+    assert versus["rows"][0][5] == "tie (ranges overlap)"  # the same compile times
+    plain, mixed = served["rows"]
+    assert plain[2:4] == ["plain", "102.0 (100.0-104.0)"] and mixed[2:4] == ["50% JSON schema", "93.0 (90.0-96.0)"]
+    assert mixed[4] == "0.91x (0.87-0.96)" and mixed[5] == "9% slower, within the 10% target"  # apart
+    assert mixed[14] == "4 length"
+    publish_part("libraries", libraries, json_path, page_path)  # a new library run keeps the served part
+    assert set(json.loads(json_path.read_text())["raw"]) == {"libraries", "serving"}
+    assert "Served: the same requests" in page_path.read_text()

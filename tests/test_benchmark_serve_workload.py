@@ -110,3 +110,93 @@ def test_the_published_mixed_serving_results_name_their_script_and_their_json_ho
         assert runs, (rate, engine)
         median = numpy.median([run["output_throughput"] for run in runs])
         assert f"{median:.1f}" == throughput
+
+
+# ------------------------------------------------------------------------------------------------ structured mix
+
+
+def test_the_structured_share_gives_that_many_requests_a_schema_reproducibly_from_the_seed():
+    items = workload.make_workload(CORPUS, 40, 32, 16, 0.5, rate=4, seed=5)
+    schema = workload.structured_schema(24)
+
+    def mix(share, seed=5):
+        return workload.with_structured_share(items, share, seed, schema)
+
+    half = mix(0.5)
+    assert sum(item.schema is not None for item in half) == 20
+    assert mix(0.5) == half  # the same seed picks the same requests
+    picked = [index for index, item in enumerate(half) if item.schema is not None]
+    assert picked != [index for index, item in enumerate(mix(0.5, seed=6)) if item.schema is not None]
+    assert all(item.schema == schema for item in half if item.schema is not None)
+    # Only the schema differs: prompts, lengths and arrival times are the plain workload's.
+    assert [(i.prompt_ids, i.output_len, i.offset) for i in half] == [
+        (i.prompt_ids, i.output_len, i.offset) for i in items
+    ]
+    assert sum(item.schema is not None for item in mix(0.3)) == 12
+    assert all(item.schema is None for item in mix(0.0)) and all(item.schema is not None for item in mix(1.0))
+    with pytest.raises(ValueError, match="fraction"):
+        mix(1.5)
+
+
+def test_a_structured_answer_cannot_end_before_the_longest_drawn_length():
+    """Every keyword takes at least one token, so the schema's shortest answer (empty summary, one-letter keywords)
+    is longer than `keywords` tokens: each constrained answer is cut by its max_tokens, as a plain one is."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from serving_cases import tiny_chat_tokenizer
+
+    keywords = workload.length_bounds(64, 0.5)[1]
+    schema = workload.structured_schema(keywords)
+    shortest = json.dumps({"summary": "", "keywords": ["a"] * keywords}, separators=(",", ":"))
+    jsonschema.validate(json.loads(shortest), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"summary": "", "keywords": ["a"] * (keywords - 1)}, schema)
+    assert len(tiny_chat_tokenizer()(shortest, add_special_tokens=False)["input_ids"]) > keywords
+
+
+def test_request_bodies_carry_the_schema_as_vllms_structured_outputs():
+    item = workload.WorkItem((1, 2), 12, 0.0)
+    plain = workload.request_body("m", "Once", item, {"ignore_eos": True, "min_tokens": None})
+    assert plain == {
+        "model": "m", "prompt": "Once", "max_tokens": 12, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True}, "ignore_eos": True, "min_tokens": 12,
+    }  # fmt: skip
+    schema = workload.structured_schema(12)
+    constrained = workload.request_body("m", "Once", workload.WorkItem((1, 2), 12, 0.0, schema), {"ignore_eos": True})
+    expected = {key: value for key, value in plain.items() if key != "min_tokens"}
+    assert constrained == {**expected, "structured_outputs": {"json": schema}}
+
+
+def test_the_mixed_workload_runs_on_vaswani_serve_with_every_constrained_answer_at_its_length(tiny_chat_pair):
+    """The bodies `one_request` posts are what `vaswani serve` accepts: on a tiny model, a workload with half its
+    requests under the mix's schema completes without an error, every answer has its drawn length (the constrained
+    ones cut by max_tokens: "length"), and the server's /health counts the seconds it waited for masks."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("llguidance")
+    import asyncio
+
+    import httpx
+    from serving_cases import serving
+
+    from vaswani.serving import create_app, load_service
+
+    items = workload.make_workload(CORPUS, 6, 4, 10, 0.5, rate=math.inf, seed=1)
+    items = workload.with_structured_share(items, 0.5, 1, workload.structured_schema(15))
+    texts = ["Once upon a time", "The cat", "A small dog ran", "She said", "Tom and Lily", "It was a sunny day"]
+    service = load_service(tiny_chat_pair["onnx"], threads=1, max_batch=4, max_waiting=16)
+    with serving(create_app(service)) as server:
+        before = workload.server_seconds(server.url)
+        model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+        records = asyncio.run(workload.run_workload(server.url, model, items, texts, [4] * 6, {"ignore_eos": True}))
+        waited = workload.seconds_between(before, workload.server_seconds(server.url))
+    assert [record.error for record in records] == [None] * 6
+    assert [record.output_tokens for record in records] == [item.output_len for item in items]
+    assert [record.structured for record in records] == [item.schema is not None for item in items]
+    kinds = workload.kind_summaries(records)
+    assert kinds["structured"]["completed"] == 3 and kinds["plain"]["completed"] == 3
+    assert kinds["structured"]["finish_reasons"] == {"length": 3}
+    # The schema held: each constrained answer opens the object (a random-weight model does not by itself).
+    assert all(re.match(r"\s*\{", record.text) for record in records if record.structured), [r.text for r in records]
+    assert {"grammar", "sampling", "decode"} <= set(waited) and waited["grammar"] >= 0
+    entry = workload.run_entry(records, round=0, rate="inf")
+    assert entry["summary"]["length_mismatches"] == 0
+    assert sum(request.get("structured", False) for request in entry["requests"]) == 3

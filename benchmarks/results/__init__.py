@@ -9,8 +9,8 @@ exist a figure is their median with the range over rounds beside it (`cells.spre
 rendered part (explanations); it holds no table there.
 
 - `cells.py`: the formatted cells every maker uses (`table`, `spread`, `paired_ratios`);
-- `engines.py`, `speed.py`, `quality.py`: the table makers, by kind of page; a maker receives the raw values and
-  never imports the script that measured them;
+- `engines.py`, `speed.py`, `quality.py`, `structured.py`: the table makers, by kind of page; a maker receives the raw
+  values and never imports the script that measured them;
 - `pages.py`: `TABLE_MAKERS`, `render`, `write`, and `publish_report` for the older scripts that hand over tables of
   formatted cells (`tables`, from `from_markdown`). Such a page says so where it names its command, and ends with
   `TEXT_END` instead of `RENDERED_END`: its tables are the run's text, kept in the JSON, not figures computed from raw

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.provenance import CPU_FLAGS, command_line, machine
-from benchmarks.results import engines, quality, speed
+from benchmarks.results import engines, quality, speed, structured
 from benchmarks.results.cells import table
 
 # Ends the rendered part of a page; what follows is written by hand and holds no table.
@@ -46,6 +46,7 @@ TABLE_MAKERS: dict[str, TableMaker] = {
     "matmul_bounds": quality.matmul_bounds_tables,
     "quantized_validation": quality.quantized_validation_tables,
     "string_reversal": quality.string_reversal_tables,
+    "structured_outputs": structured.structured_outputs_tables,
 }
 
 
