@@ -295,9 +295,11 @@ def test_a_body_over_the_limit_gets_413_unread_and_health_answers_meanwhile(fold
     service = new_service(folders)
     templating_threads = []
 
-    def chat_prompt(messages, original=service.chat_prompt):
+    original = service.chat_prompt
+
+    def chat_prompt(messages, tools=None):
         templating_threads.append(threading.current_thread())
-        return original(messages)
+        return original(messages, tools)
 
     service.chat_prompt = chat_prompt
     with serving(create_app(service)) as running:

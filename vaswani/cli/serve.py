@@ -18,6 +18,10 @@ EPILOG = (
 )
 
 
+# vLLM's names of the tool-call formats (serving.tools.TOOL_CALL_PARSERS; not imported: `--help` loads no server).
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `vaswani serve`."""
     parser.add_argument(
@@ -86,6 +90,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="prompt tokens fed between two decoding steps while others run, times the joining prompts per running "
         "sequence (32)",
     )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        default="auto",
+        help="how the model writes tool calls: hermes (<tool_call> JSON blocks: Hermes, Qwen 2.5/3), llama3_json "
+        "(Llama 3.1/3.2's JSON); auto: the one its chat template shows (auto)",
+    )
     ray = parser.add_argument_group("Ray Serve (--ray)")
     ray.add_argument("--ray", action="store_true", help="run replicas behind Ray Serve (needs ray[serve])")
     ray.add_argument("--replicas", type=int, default=1, help="replicas of the app (1)")
@@ -132,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         max_waiting=args.max_waiting,
         prefill_chunk=args.prefill_chunk,
+        tool_call_parser=None if args.tool_call_parser == "auto" else args.tool_call_parser,
     )
     # Ray's replicas and the PyTorch backend run ONNX Runtime or PyTorch only; "auto" falls back to ONNX Runtime there.
     if args.engine not in ("onnxruntime", "auto") and (args.ray or args.backend != "onnx"):

@@ -312,6 +312,7 @@ class ChatMessage(StrictModel):
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None  # an assistant's calls, sent back with the tools' results
     tool_call_id: str | None = None  # a tool message: the call it answers
+    refusal: str | None = None  # OpenAI's assistant messages carry it; clients send them back as they came
 
     @model_validator(mode="after")
     def _content_or_calls(self):

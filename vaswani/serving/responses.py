@@ -26,17 +26,23 @@ def completion_body(
     kind: Literal["chat", "text"],
     id: str,
     model: str,
-    choices: list[tuple[str, str]],
+    choices: list[tuple[str | None, str]],
     usage: dict[str, int],
     logprobs: list[dict[str, Any] | None] | None = None,
+    tool_calls: list[list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """A whole (non-streamed) answer; `choices` holds (text, finish_reason) per choice, `logprobs` each choice's log
-    probabilities body (`chat_logprobs_body`, `text_logprobs_body`) where they were asked for."""
+    probabilities body (`chat_logprobs_body`, `text_logprobs_body`) where they were asked for, `tool_calls` each chat
+    choice's calls (OpenAI's `tool_calls` entries) where the request offered tools."""
     logprobs = logprobs or [None] * len(choices)
     if kind == "chat":
+        messages = [{"role": "assistant", "content": text} for text, _ in choices]
+        for message, calls in zip(messages, tool_calls or []):
+            if calls:
+                message["tool_calls"] = calls
         entries = [
-            {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": reason, "logprobs": lp}
-            for i, ((text, reason), lp) in enumerate(zip(choices, logprobs))
+            {"index": i, "message": message, "finish_reason": reason, "logprobs": lp}
+            for i, (message, (_, reason), lp) in enumerate(zip(messages, choices, logprobs))
         ]
         obj = "chat.completion"
     else:
@@ -58,13 +64,15 @@ def chunk_body(
     finish_reason: str | None = None,
     role: bool = False,
     logprobs: dict[str, Any] | None = None,
+    delta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One server-sent event of a streamed answer, in OpenAI's chunk format; `logprobs`: those of the tokens whose
-    text this chunk carries."""
+    text this chunk carries; `delta` (chat): the chunk's delta as given (a tool call's piece) instead of `text`."""
     if kind == "chat":
-        delta: dict[str, str] = {"role": "assistant"} if role else {}
-        if text is not None:
-            delta["content"] = text
+        if delta is None:
+            delta = {"content": text} if text is not None else {}
+        if role:
+            delta = {"role": "assistant", **delta}
         choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}
         obj = "chat.completion.chunk"
     else:

@@ -19,6 +19,7 @@ from ..constraints import CompiledGrammar, Grammar, compile_grammar, grammar_voc
 from .batches import TorchStepModel, context_length
 from .protocol import OpenAIError
 from .scheduler import Scheduler
+from .tools import TOOL_CALL_PARSERS, ToolCallFormat, tool_call_format
 
 
 class GenerationService:
@@ -27,14 +28,34 @@ class GenerationService:
     kind = "generation"
     tasks = ("text-generation",)  # the export tasks served this way
 
-    def __init__(self, name: str, tokenizer: PreTrainedTokenizerBase, scheduler: Scheduler, eos_token_ids: set[int]):
+    def __init__(
+        self,
+        name: str,
+        tokenizer: PreTrainedTokenizerBase,
+        scheduler: Scheduler,
+        eos_token_ids: set[int],
+        tool_call_parser: str | None = None,
+    ):
         self.name, self.tokenizer, self.scheduler = name, tokenizer, scheduler
         self.eos_token_ids = frozenset(eos_token_ids)
         self.context_length = scheduler.model.context_length
         self.vocab_size = scheduler.model.vocab_size
         self.description = scheduler.model.description  # what runs where (the decoder runtime's line)
+        # How the model writes tool calls (`tool_format`): vLLM's --tool-call-parser name, None to read the template.
+        self.tool_call_parser = tool_call_parser
+        self._tool_format: ToolCallFormat | None = None
 
-    def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
+    def tool_format(self) -> ToolCallFormat:
+        """How this model writes tool calls: `tool_call_parser` ("hermes", "llama3_json"; vLLM's names), or the
+        format its chat template shows; a 400 when neither tells."""
+        if self._tool_format is None:
+            try:
+                self._tool_format = tool_call_format(self.tool_call_parser, self.tokenizer.chat_template)
+            except ValueError as error:
+                raise OpenAIError(f"This server cannot parse this model's tool calls: {error}", param="tools") from None
+        return self._tool_format
+
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         if self.tokenizer.chat_template is None:
             raise OpenAIError(
                 f"The model {self.name!r} has no chat template in its tokenizer; use /v1/completions with a plain "
@@ -44,7 +65,9 @@ class GenerationService:
         from jinja2 import TemplateError, TemplateSyntaxError  # what transformers renders chat templates with
 
         try:
-            encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+            encoded = self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, return_dict=True
+            )
         except TemplateSyntaxError:
             raise  # the model's template is broken: the server's fault, a 500
         except TemplateError as error:
@@ -166,6 +189,7 @@ def load_service(
     prefill_chunk: int = 32,
     engine: str = "onnxruntime",
     openvino_precision: str = "auto",
+    tool_call_parser: str | None = None,
 ) -> GenerationService | EncoderService:
     """Load `folder` for serving: an exported ONNX folder (`backend="onnx"`, on `provider` "cpu" or "cuda") or a
     PyTorch vaswani folder (`backend="torch"`), local or a Hub repository id; `threads` ONNX Runtime's intra-op threads
@@ -173,7 +197,11 @@ def load_service(
     model id clients send (default: the folder's name); `engine` the runtime of an export (`OrtModel.from_pretrained`:
     "openvino" runs a text-generation export's prompt steps, and decode steps where faster, in OpenVINO in
     `openvino_precision`). A text-generation export is served by its decoder runtime's step model and batch kind
-    (`model.decoder_runtime.step_model()`). The scheduler is not started."""
+    (`model.decoder_runtime.step_model()`); `tool_call_parser` names the format its tool calls are parsed in
+    ("hermes", "llama3_json"; default: the one its chat template shows). The scheduler is not started."""
+    if tool_call_parser not in (None, "auto", *TOOL_CALL_PARSERS):
+        choices = ", ".join(["auto", *TOOL_CALL_PARSERS])
+        raise ValueError(f"Unknown tool call parser {tool_call_parser!r}; use one of {choices}.")
     if name is None:  # a local folder's name as given (a symlink's own, "."'s directory); a Hub id as it is
         name = Path(os.path.abspath(folder)).name if Path(folder).exists() else str(folder)
     folder = resolve_folder(folder)
@@ -201,7 +229,9 @@ def load_service(
             return EncoderService(name, tokenizer, model, task)
         step_model = model.decoder_runtime.step_model()
         scheduler = Scheduler(step_model, max_batch, max_waiting, prefill_chunk)
-        return GenerationService(name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer))
+        return GenerationService(
+            name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer), tool_call_parser
+        )
     if engine == "openvino":
         raise ValueError(f"engine={engine!r} runs ONNX exports; it cannot serve with backend={backend!r}.")
     if backend == "torch":
@@ -211,7 +241,9 @@ def load_service(
         if provider == "cuda":
             model = model.to("cuda")
         scheduler = Scheduler(TorchStepModel(model), max_batch, max_waiting, prefill_chunk)
-        return GenerationService(name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer))
+        return GenerationService(
+            name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer), tool_call_parser
+        )
     raise ValueError(f"backend must be 'onnx' or 'torch', got {backend!r}.")
 
 
