@@ -110,6 +110,11 @@ def test_hermes_keeps_invalid_blocks_as_content():
     assert calls_of(calls) == [("add", {"a": 2})]
 
 
+def test_duplicate_keys_keep_their_first_value_as_a_stream_must():
+    content, calls = HERMES.parse('<tool_call>{"name": "f", "arguments": [1], "name": "g", "arguments": [2]}')
+    assert (content, [(call.name, call.arguments) for call in calls]) == (None, [("f", "[1]")])
+
+
 def test_hermes_without_a_call_is_all_content():
     assert HERMES.parse("  Just text, <tool_call nearly.\n") == ("Just text, <tool_call nearly.", [])
     assert HERMES.parse(" \n ") == (None, [])
@@ -137,7 +142,13 @@ def test_llama3_keeps_text_and_invalid_calls_as_content():
 
 # --- streaming ---------------------------------------------------------------------------------------------------
 
-NESTED = {"query": "a } b { c", "quote": 'say "hi" \\ back', "deep": {"list": [1, {"x": [None, True]}]}, "é": "日本"}
+NESTED = {
+    "query": "a } b { c",
+    "quote": 'one " then } and ]',  # an escaped quote must not end the string
+    "backslash": "ends with \\",  # nor must an escaped backslash escape the closing quote
+    "deep": {"list": [1, {"x": [None, True, -2.5e3]}]},
+    "é": "日本",
+}
 STREAMED_ANSWERS = {
     "hermes": [
         "Plain text, no calls at all.",
@@ -145,6 +156,7 @@ STREAMED_ANSWERS = {
         "Sure!\n\n" + hermes_block("search", NESTED) + "\n" + hermes_block("add", {"a": 1}) + "\n",
         '<tool_call>\n{"arguments": {"a": [1, "]"]}, "name": "add"}\n</tool_call> after',  # name after arguments
         '<tool_call>{"name": "now"}</tool_call>',  # no arguments: "{}"
+        '<tool_call>{"name": "f", "arguments": {"a": 1}, "arguments": {"b": 2}, "name": "g"}</tool_call>',  # firsts
         '<tool_call>{"name": "n", "arguments": 12}\n text <tool_call> not json </tool_call> end <tool_',
         '<tool_call>\n{"name": 5, "arguments": {}}\n</tool_call>x',  # a name that is not a string: content
         'x <tool_call>\n{"arguments": {"a": "unfinished',  # cut before its name: content
@@ -289,8 +301,10 @@ def test_named_function_grammar_allows_only_that_function(fmt, tokenizer, lltoke
     assert accepts(tokenizer, lltokenizer, untyped, written(fmt, [("now", {"any": ["thing"]})]))
     with pytest.raises(ValueError, match="'get_time'.*get_weather, add"):
         fmt.grammar(TOOLS, {"type": "function", "function": {"name": "get_time"}})
-    with pytest.raises(ValueError, match="'auto'"):
+    with pytest.raises(ValueError, match="'auto' has no grammar"):
         fmt.grammar(TOOLS, "auto")
+    with pytest.raises(ValueError, match="'required' has no grammar"):
+        fmt.grammar([], "required")
 
 
 @pytest.mark.parametrize("parallel", [True, False])
@@ -311,10 +325,13 @@ def test_random_walks_through_the_grammar_parse_into_valid_calls(fmt, parallel, 
             continue  # a walk that never stopped says nothing about what a finished answer parses to
         assert matcher.is_accepting()
         finished += 1
-        content, calls = fmt.parse(tokenizer.decode(tokens))
+        text = tokenizer.decode(tokens)
+        content, calls = fmt.parse(text)
         assert content is None and calls and (len(calls) == 1 or parallel)
         for call in calls:
             jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+        streamed = [(call.name, call.arguments) for call in calls]
+        assert all(reassemble(fmt, pieces)[:2] == (None, streamed) for pieces in chunkings(text))
     assert finished >= 10  # most walks end, so the check above ran
 
 
@@ -376,6 +393,7 @@ def test_template_lists_tools_and_round_trips_a_rendered_tool_call(tokenizer):
     listed = system[system.index("<tools>\n") + len("<tools>\n") : system.index("\n</tools>")].split("\n")
     assert [json.loads(line) for line in listed] == TOOLS
     answer = text.split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
+    assert answer == "Looking.\n" + hermes_block("get_weather", arguments[0]) + "\n" + hermes_block("add", arguments[1])
     content, calls = HERMES.parse(answer)
     assert content == "Looking."
     assert calls_of(calls) == [("get_weather", arguments[0]), ("add", arguments[1])]

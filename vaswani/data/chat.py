@@ -28,10 +28,10 @@ ROLES = ("system", "user", "assistant", "tool")
 # ChatML, the format of many open chat models. The `generation` block marks what the assistant writes, for
 # transformers' `apply_chat_template(..., return_assistant_tokens_mask=True)`; it changes nothing in the rendered text.
 # Tools follow the Hermes convention (as Qwen's templates do, so `vaswani serve` reads calls with its "hermes" parser):
-# given `tools`, the first turn is a system turn that holds the conversation's system message, if any, lists the tools
-# inside <tools></tools> and shows the <tool_call> block to answer with; an assistant's `tool_calls` are written as those
-# blocks (arguments as JSON, or as given when they are text) and a tool's result comes back as a user turn inside
-# <tool_response></tool_response>. Without tools and tool calls the text is plain ChatML.
+# given `tools`, the first turn is a system turn that holds the conversation's system message, if any, lists the
+# tools inside <tools></tools> and shows the <tool_call> block to answer with; an assistant's `tool_calls` are written
+# as those blocks (arguments as JSON, or as given when they are text) and a tool's result comes back as a user turn
+# inside <tool_response></tool_response>. Without tools and tool calls the text is plain ChatML, as before.
 CHATML_TEMPLATE = (
     "{%- if tools -%}"
     "{{- '<|im_start|>system\\n' -}}"

@@ -1,15 +1,14 @@
-"""Tool calls in the text formats open chat models write: parsed into OpenAI `tool_calls`, streamed as OpenAI streams
-them, and enforced with llguidance grammars. The formats are vLLM's `--tool-call-parser` names: `hermes` (Hermes,
-Qwen 2.5 / 3, our ChatML template: text and `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` blocks) and
-`llama3_json` (Llama 3.1 / 3.2: the answer is `{"name": ..., "parameters": {...}}`, or several joined by `;`,
-optionally after `<|python_tag|>`). A call's `arguments` is the JSON text of the value exactly as the model wrote it,
-so a stream's argument deltas concatenate to it; a block that is not a JSON object with a string "name" stays in the
-content, which is the text outside calls, joined and stripped (None when empty). Parsing never raises.
+"""Tool calls as open chat models write them, read into OpenAI `tool_calls` (whole or streamed) and enforced with
+llguidance grammars. Formats have vLLM's `--tool-call-parser` names: `hermes` (Hermes, Qwen 2.5 / 3, our ChatML: text
+and `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` blocks) and `llama3_json` (Llama 3.1 / 3.2: the
+answer is `{"name": ..., "parameters": {...}}`, or several joined by `;`, maybe after `<|python_tag|>`). A call's
+`arguments` is the value's JSON text exactly as written, so streamed argument deltas concatenate to it; a block that is
+not a JSON object with a string "name" stays in the content (the text outside calls, stripped; None when empty).
 
     >>> fmt = tool_call_format(None, tokenizer.chat_template)   # HermesFormat for a template with <tool_call>
-    >>> content, calls = fmt.parse(answer)
-    >>> stream = fmt.stream(); deltas = [*stream.feed(piece), *stream.finish()]   # OpenAI chunk deltas
-    >>> grammar = fmt.grammar(tools, "required", parallel_tool_calls=False)        # Lark for llguidance
+    >>> content, calls = fmt.parse(answer)                      # never raises, never drops text but markers
+    >>> deltas = [*(stream := fmt.stream()).feed(piece), *stream.finish()]     # OpenAI chunk deltas
+    >>> grammar = fmt.grammar(tools, "required", parallel_tool_calls=False)    # Lark for llguidance
 """
 
 import json
@@ -49,10 +48,8 @@ def _skip_whitespace(text: str, i: int) -> int:
 def read_call(text: str, start: int, argument_keys: tuple[str, ...]) -> tuple[ToolCall, int] | None:
     """The call whose JSON object starts at `start` (after whitespace) and the index past its `}`, or None when there
     is no object with a string "name" there. Members are read with raw_decode, which gives each value's raw span: the
-    first "name" and the first of `argument_keys` count ("{}" without one), as a stream must keep what it has sent.
-    """
-    i = _skip_whitespace(text, start)
-    if not text.startswith("{", i):
+    first "name" and the first of `argument_keys` count ("{}" without one), as a stream must keep what it has sent."""
+    if not text.startswith("{", i := _skip_whitespace(text, start)):
         return None
     name, arguments, seen_name = None, None, False
     i = _skip_whitespace(text, i + 1)
@@ -80,9 +77,8 @@ def read_call(text: str, start: int, argument_keys: tuple[str, ...]) -> tuple[To
 
 
 class _ObjectScanner:
-    """`read_call` one character at a time, for streams: `arguments` grows as their text comes. `phase` ends "done"
-    at the object's `}` or "failed" at the first character `read_call` would refuse (finished keys and values are
-    checked with json.loads, which accepts exactly what raw_decode accepts)."""
+    """`read_call` a character at a time, for streams (`arguments` grows as its text comes): `phase` ends "done" at
+    the `}`, or "failed" once read_call would refuse the text (a finished value is checked by json.loads, as there)."""
 
     expected = {"open": "{", "first_key": '"}', "next_key": '"', "colon": ":", "after_value": ",}"}
     after = {"{": "first_key", ":": "value_start", ",": "next_key"}
@@ -135,13 +131,14 @@ class _ObjectScanner:
         except (ValueError, RecursionError):
             self.phase = "failed"
             return
+        self._capturing = False
         if self.phase == "key":
             self._key, self.phase = value, "colon"
-            return
-        self.phase, self._capturing = "after_value", False
-        if self._key == "name" and not self._seen_name:
+        elif self._key == "name" and not self._seen_name:  # the first "name" is the name, and must be a string
             self._seen_name, self.name = True, value if isinstance(value, str) else None
             self.phase = "after_value" if self.name is not None else "failed"
+        else:
+            self.phase = "after_value"
 
 
 def _partial_marker(text: str, marker: str) -> int:
@@ -151,18 +148,13 @@ def _partial_marker(text: str, marker: str) -> int:
 
 class ToolCallStream:
     """A format's parse as a stream: `feed(delta_text)` and `finish()` return OpenAI chat-completion-chunk deltas.
-
     Text comes as `{"content": ...}`, stripped as parse() strips it (leading whitespace dropped, a run of whitespace
     held until more text follows, dropped at the end), holding back any end that could still become a marker. A call
     comes as `{"tool_calls": [{"index", "id", "type": "function", "function": {"name", "arguments": ""}}]}` once its
     name is read, then `{"tool_calls": [{"index", "function": {"arguments": piece}}]}` as its arguments' text grows.
     Contents and each index's arguments concatenate to parse()'s, except where a stream cannot know: once a name is
     sent the call stays a call, so a block found invalid after it (bad JSON, or cut by max_tokens) ends as a truncated
-    call (the text from the faulty character on is content) where parse() keeps the whole block as content.
-
-        >>> stream = TOOL_CALL_PARSERS["hermes"].stream()
-        >>> deltas = [delta for piece in pieces for delta in stream.feed(piece)] + stream.finish()
-    """
+    call (the text from the faulty character on is content) where parse() keeps the whole block as content."""
 
     argument_keys: tuple[str, ...] = ("arguments", "parameters")
 
@@ -187,9 +179,6 @@ class ToolCallStream:
         self._advance(final=True)
         deltas, self._deltas = self._deltas, []
         return deltas
-
-    def _advance(self, final: bool) -> None:
-        raise NotImplementedError
 
     def _content(self, text: str) -> None:
         body = text.rstrip()
@@ -322,32 +311,9 @@ class _Llama3JsonStream(ToolCallStream):
                     self._state = "content"
 
 
-def _tool_parameters(tools: list[dict], tool_choice: str | dict) -> dict[str, dict]:
-    """The tools a grammar allows, by name, with their parameters' schemas ({"type": "object"} when absent)."""
-    parameters = {}
-    for tool in tools or []:
-        function = tool.get("function", tool)  # OpenAI's {"type": "function", "function": {...}} or the function
-        parameters[function["name"]] = function.get("parameters") or {"type": "object"}
-    if isinstance(tool_choice, dict):
-        name = (tool_choice.get("function") or {}).get("name")
-        if name not in parameters:
-            raise ValueError(
-                f"tool_choice names the function {name!r}, which is not among the tools ({', '.join(parameters) or 'none'})."
-            )
-        return {name: parameters[name]}
-    if tool_choice != "required":
-        raise ValueError(
-            f"Only tool_choice 'required' or a named function is enforced by a grammar, not {tool_choice!r}."
-        )
-    if not parameters:
-        raise ValueError("tool_choice 'required' needs at least one tool in 'tools'.")
-    return parameters
-
-
 class ToolCallFormat:
-    """How a family of chat templates writes tool calls: `parse` an answer, `stream` one, and the `grammar` that
-    allows only calls. Subclasses set `name`, `arguments_key` (the key the grammar writes), `stream_class` and the
-    grammar's `start` rule (`call` is the JSON of one call)."""
+    """How a family of chat templates writes tool calls: `parse(text)` gives an answer's (content, calls), `stream()`
+    reads one piece by piece, `grammar()` allows only calls (`start` is `calls_rule` or `call_rule` over `call`)."""
 
     name: str
     arguments_key: str
@@ -356,28 +322,27 @@ class ToolCallFormat:
     # flexible whitespace would also let a weak model emit spaces forever.
     json_style = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
-    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """(content, calls) of a whole answer: the text outside calls, stripped (None when empty), and the calls."""
-        raise NotImplementedError
-
     def stream(self) -> ToolCallStream:
         """A `ToolCallStream` that turns an answer's text, piece by piece, into chunk deltas."""
         return self.stream_class()
 
-    def grammar(
-        self, tools: list[dict], tool_choice: str | dict = "required", parallel_tool_calls: bool | None = True
-    ) -> str:
-        """A Lark grammar for llguidance that allows only calls in this format: to any of `tools` for "required",
-        to the one function of `{"type": "function", "function": {"name": ...}}`; one call, or one or more unless
-        `parallel_tool_calls` is False. Each call's arguments follow its tool's parameters schema.
-
+    def grammar(self, tools: list[dict], tool_choice: str | dict, parallel_tool_calls: bool | None = True) -> str:
+        """A Lark grammar for llguidance that allows only calls in this format, to any of `tools` ("required") or to
+        `{"type": "function", "function": {"name": ...}}`: one, or one or more unless `parallel_tool_calls` is False.
             >>> matcher = llguidance.LLMatcher(lltokenizer, fmt.grammar(tools, "required"))
         """
+        functions = [tool.get("function", tool) for tool in tools or []]  # OpenAI's {"type": "function", ...}
+        parameters = {function["name"]: function.get("parameters") or {"type": "object"} for function in functions}
+        name = (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice, dict) else None
+        if name not in parameters and isinstance(tool_choice, dict):
+            raise ValueError(f"the function {name!r} is not among the tools ({', '.join(parameters) or 'none'}).")
+        if tool_choice != "required" and name is None or not parameters:
+            raise ValueError(f"{tool_choice!r} has no grammar: give 'required' with one or more tools, or a function.")
         key = self.arguments_key
         calls = [
             {"type": "object", "properties": {"name": {"const": name}, key: schema}, "required": ["name", key]}
             | {"additionalProperties": False}
-            for name, schema in _tool_parameters(tools, tool_choice).items()
+            for name, schema in ({name: parameters[name]} if name is not None else parameters).items()
         ]
         call = calls[0] if len(calls) == 1 else {"anyOf": calls}
         start = self.calls_rule if parallel_tool_calls is not False else self.call_rule
@@ -385,12 +350,9 @@ class ToolCallFormat:
 
 
 class HermesFormat(ToolCallFormat):
-    """`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks among text (Hermes, Qwen 2.5 / 3).
-
-    A block is `<tool_call>`, whitespace, one JSON object with a string "name" ("arguments", or "parameters", is its
-    arguments; absent, "{}"), then whitespace and `</tool_call>`, which may be missing (the answer ended, or text
-    follows: it stays content). A `<tool_call>` not followed by such an object is content, and reading resumes after it.
-    """
+    """`<tool_call>`, whitespace, a JSON object with a string "name" (the arguments: "arguments" or "parameters", "{}"
+    without), whitespace and `</tool_call>` (optional: text may follow, or nothing), among text (Hermes, Qwen 2.5 / 3).
+    A `<tool_call>` without such an object after it is content, and reading resumes after it."""
 
     name, arguments_key, stream_class = "hermes", "arguments", _HermesStream
     call_rule, calls_rule = "tool_call", 'tool_call ("\\n" tool_call)*'
@@ -402,27 +364,21 @@ class HermesFormat(ToolCallFormat):
         while (at := text.find(start, position)) >= 0:
             content.append(text[position:at])
             position = at + len(start)
-            read = read_call(text, position, _HermesStream.argument_keys)
-            if read is None:
+            if (read := read_call(text, position, _HermesStream.argument_keys)) is None:
                 content.append(start)
                 continue
             call, position = read
             calls.append(call)
-            after = _skip_whitespace(text, position)
-            if text.startswith(end, after):
+            if text.startswith(end, after := _skip_whitespace(text, position)):
                 position = after + len(end)
         content.append(text[position:])
         return "".join(content).strip() or None, calls
 
 
 class Llama3JsonFormat(ToolCallFormat):
-    """Llama 3.1 / 3.2 JSON tool calls: the answer is `{"name": ..., "parameters": {...}}` (or "arguments"), or
-    several separated by `;`, optionally after `<|python_tag|>`.
-
-    An answer that does not start (after whitespace) with `{` or the tag, or whose first call is not a JSON object
-    with a string "name", is all content. After a call, text other than `;` and a next call is content from the end
-    of the last call on (a `;` with nothing after it is dropped).
-    """
+    """Llama 3.1 / 3.2: `{"name": ..., "parameters": {...}}` ("arguments" too), or several joined by `;`, maybe after
+    `<|python_tag|>`. An answer whose first call is not such an object is all content; after a call, anything but `;`
+    and a call is content from its end on (a `;` with nothing after it is dropped)."""
 
     name, arguments_key, stream_class = "llama3_json", "parameters", _Llama3JsonStream
     call_rule, calls_rule, rules = "call", 'call ("; " call)*', ""
@@ -435,8 +391,7 @@ class Llama3JsonFormat(ToolCallFormat):
         while (read := read_call(text, position, _Llama3JsonStream.argument_keys)) is not None:
             call, rest_from = read
             calls.append(call)
-            after = _skip_whitespace(text, rest_from)
-            if not text.startswith(";", after):
+            if not text.startswith(";", after := _skip_whitespace(text, rest_from)):
                 break
             position = _skip_whitespace(text, after + 1)
             if position == len(text):  # a trailing separator
@@ -456,59 +411,39 @@ _TEMPLATE_SIGNS = {
 
 
 def chat_template_format(chat_template: str | None) -> str | None:
-    """The name of the tool-call format `chat_template` asks for (its sign, below), or None when it cannot tell.
-
-    >>> chat_template_format(tokenizer.chat_template)
-    'hermes'
-    """
+    """The name of the tool-call format `chat_template` shows (`_TEMPLATE_SIGNS`), or None when it cannot tell."""
     return next((name for sign, name in _TEMPLATE_SIGNS.items() if sign in (chat_template or "")), None)
 
 
 def tool_call_format(name: str | None, chat_template: str | None) -> ToolCallFormat:
-    """The format named `name` (`--tool-call-parser`), or, for None / "auto", the one `chat_template` uses.
-
-    >>> fmt = tool_call_format("auto", tokenizer.chat_template)
-    """
+    """The format named `name` (`--tool-call-parser`), or for None / "auto" the one `chat_template` uses; logged."""
     choices = ", ".join(TOOL_CALL_PARSERS)
-    if name not in (None, "auto"):
-        if name not in TOOL_CALL_PARSERS:
-            raise ValueError(f"Unknown tool-call parser {name!r}: choose one of {choices}.")
+    if name not in (None, "auto", *TOOL_CALL_PARSERS):
+        raise ValueError(f"Unknown tool-call parser {name!r}: choose one of {choices}.")
+    if name in TOOL_CALL_PARSERS:
         logger.info("Tool calls are read in the %s format, as --tool-call-parser asks.", name)
         return TOOL_CALL_PARSERS[name]
-    detected = chat_template_format(chat_template)
-    if detected is None:
-        raise ValueError(
-            f"The chat template does not show how the model writes tool calls: pass --tool-call-parser ({choices})."
-        )
-    sign = next(sign for sign in _TEMPLATE_SIGNS if sign in chat_template)
-    logger.info("Tool calls are read in the %s format: the chat template contains %r.", detected, sign)
-    return TOOL_CALL_PARSERS[detected]
+    for sign, detected in _TEMPLATE_SIGNS.items():
+        if sign in (chat_template or ""):
+            logger.info("Tool calls are read in the %s format: the chat template contains %r.", detected, sign)
+            return TOOL_CALL_PARSERS[detected]
+    raise ValueError(f"The chat template does not show its tool-call format: pass --tool-call-parser ({choices}).")
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
-    """OpenAI chat messages as chat templates take them (transformers' tool-use convention): an assistant's
-    `tool_calls[*].function.arguments` JSON text becomes the object (templates write `arguments | tojson`; text that
-    is not JSON stays text), a None content becomes "", other None fields are dropped (a template's `is defined`
-    would see them), and everything else, a tool message's `tool_call_id` and `name` included, is kept.
-
+    """OpenAI chat messages as chat templates take them (transformers' tool-use convention): `tool_calls[*].function.
+    arguments` JSON text becomes the object (templates write `arguments | tojson`), None values are dropped (a
+    template's `is defined` sees them) but a missing or None content becomes "", and the rest (`tool_call_id`...) stays.
         >>> tokenizer.apply_chat_template(template_messages(request_messages), tools=tools, tokenize=False)
     """
-    rendered = []
-    for message in messages:
-        message = {key: value for key, value in message.items() if value is not None or key == "content"}
-        if message.get("content") is None:
-            message["content"] = ""
-        if message.get("tool_calls"):
-            message["tool_calls"] = [_template_tool_call(call) for call in message["tool_calls"]]
-        rendered.append(message)
+    rendered = [{key: value for key, value in message.items() if value is not None} for message in messages]
+    for message in rendered:
+        message["content"] = message.get("content", "")
+        if "tool_calls" in message:  # copied: the request's messages stay as they came
+            message["tool_calls"] = [{**call, "function": {**call["function"]}} for call in message["tool_calls"]]
+        for call in message.get("tool_calls", []):
+            try:
+                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+            except (KeyError, TypeError, ValueError):
+                pass  # absent, already an object, or not JSON: the template writes it as it is
     return rendered
-
-
-def _template_tool_call(call: dict) -> dict:
-    function = dict(call.get("function") or {})
-    if isinstance(function.get("arguments"), str):
-        try:
-            function["arguments"] = json.loads(function["arguments"])
-        except ValueError:
-            pass  # the template writes the text as it is
-    return {**call, "function": function}
