@@ -159,6 +159,7 @@ STREAMED_ANSWERS = {
         '<tool_call>{"name": "f", "arguments": {"a": 1}, "arguments": {"b": 2}, "name": "g"}</tool_call>',  # firsts
         '<tool_call>{"name": "n", "arguments": 12}\n text <tool_call> not json </tool_call> end <tool_',
         '<tool_call>\n{"name": 5, "arguments": {}}\n</tool_call>x',  # a name that is not a string: content
+        '<tool_call>{"arguments": {"a": 1}, "name": "f", "x": tru}</tool_call>',  # invalid after a late name: content
         'x <tool_call>\n{"arguments": {"a": "unfinished',  # cut before its name: content
         "Unicode: 日本語 </tool_call> <tool_call\n",
     ],

@@ -88,7 +88,7 @@ class _ObjectScanner:
         self.name: str | None = None
         self.arguments: str | None = None  # the arguments' text so far, once their key is read
         self._key, self._raw, self._depth = None, "", 0  # the member's key, the key or value being read, its nesting
-        self._seen_name = self._capturing = self._escaped = self._in_string = False
+        self._seen_name = self._capturing = self._escaped = self._in_string = self.name_first = False
 
     def feed(self, ch: str) -> None:
         phase = self.phase
@@ -136,6 +136,7 @@ class _ObjectScanner:
             self._key, self.phase = value, "colon"
         elif self._key == "name" and not self._seen_name:  # the first "name" is the name, and must be a string
             self._seen_name, self.name = True, value if isinstance(value, str) else None
+            self.name_first = self.arguments is None  # else the call is sent whole, once it is known to be one
             self.phase = "after_value" if self.name is not None else "failed"
         else:
             self.phase = "after_value"
@@ -151,7 +152,8 @@ class ToolCallStream:
     Text comes as `{"content": ...}`, stripped as parse() strips it (leading whitespace dropped, a run of whitespace
     held until more text follows, dropped at the end), holding back any end that could still become a marker. A call
     comes as `{"tool_calls": [{"index", "id", "type": "function", "function": {"name", "arguments": ""}}]}` once its
-    name is read, then `{"tool_calls": [{"index", "function": {"arguments": piece}}]}` as its arguments' text grows.
+    name is read, then `{"tool_calls": [{"index", "function": {"arguments": piece}}]}` as its arguments' text grows
+    (a call whose name follows its arguments comes whole once its object closes).
     Contents and each index's arguments concatenate to parse()'s, except where a stream cannot know: once a name is
     sent the call stays a call, so a block found invalid after it (bad JSON, or cut by max_tokens) ends as a truncated
     call (the text from the faulty character on is content) where parse() keeps the whole block as content."""
@@ -160,11 +162,10 @@ class ToolCallStream:
 
     def __init__(self):
         self.calls = 0  # calls announced so far, indexes 0..calls-1
-        self._buffer = ""  # text fed and not yet read
+        self._buffer, self._held_space, self._content_started = "", "", False  # text not yet read, whitespace held
         self._pending = ""  # the current call's text, read again as text if it fails before its name is sent
         self._scanner: _ObjectScanner | None = None
         self._announced, self._sent = False, 0  # the current call's name sent; how much of its arguments
-        self._held_space, self._content_started = "", False
         self._deltas: list[dict] = []
 
     def feed(self, delta_text: str) -> list[dict]:
@@ -213,7 +214,7 @@ class ToolCallStream:
         return scanner.phase if scanner.phase == "done" else "cut" if final else "more"
 
     def _send_call(self, scanner: _ObjectScanner) -> None:
-        if not self._announced and scanner.name is not None:
+        if not self._announced and scanner.name is not None and (scanner.name_first or scanner.phase == "done"):
             self._announced, self.calls = True, self.calls + 1
             function = {"name": scanner.name, "arguments": ""}
             call = {"index": self.calls - 1, "id": new_call_id(), "type": "function", "function": function}
@@ -318,8 +319,7 @@ class ToolCallFormat:
     name: str
     arguments_key: str
     stream_class: type[ToolCallStream]
-    # The JSON the grammar allows is written as json.dumps and templates' tojson write it, the way models saw it;
-    # flexible whitespace would also let a weak model emit spaces forever.
+    # JSON as json.dumps and templates' tojson write it, as models saw it (flexible spaces let weak models loop).
     json_style = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
     def stream(self) -> ToolCallStream:
