@@ -157,6 +157,40 @@ def completion_answer(stdout: str) -> dict:
     return answer
 
 
+def request_body(command: str) -> dict:
+    """The JSON body a curl command sends (its `-d` argument)."""
+    arguments = shlex.split(command)
+    return json.loads(arguments[arguments.index("-d") + 1])
+
+
+def structured_answer(command: str, stdout: str) -> dict:
+    """A /v1/completions answer held to the request's `response_format` json_schema: it ended with "stop" and its text
+    validates against the schema the command sent (jsonschema, the independent oracle)."""
+    import jsonschema
+
+    answer = completion_answer(stdout)
+    (choice,) = answer["choices"]
+    assert choice["finish_reason"] == "stop", answer
+    schema = request_body(command)["response_format"]["json_schema"]["schema"]
+    jsonschema.validate(json.loads(choice["text"]), schema)
+    return answer
+
+
+def tool_call_answer(command: str, stdout: str) -> dict:
+    """A chat answer to a request with tools and tool_choice "required": tool calls to the request's tools, each one's
+    arguments valid under its tool's parameters."""
+    import jsonschema
+
+    answer = json.loads(stdout)
+    (choice,) = answer["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"], answer
+    tools = {tool["function"]["name"]: tool["function"]["parameters"] for tool in request_body(command)["tools"]}
+    for call in choice["message"]["tool_calls"]:
+        assert call["type"] == "function" and call["id"].startswith("call_"), call
+        jsonschema.validate(json.loads(call["function"]["arguments"]), tools[call["function"]["name"]])
+    return answer
+
+
 def streamed_chat(stdout: str) -> str:
     """A streamed /v1/chat/completions answer (server-sent events), checked: every event a chat.completion.chunk,
     the last `data: [DONE]`; returns the text."""

@@ -143,6 +143,8 @@ COMMAND_CHECKS = [
     (r"vaswani perplexity ", "assert re.search(r'perplexity\\D*\\d', stdout, re.I), stdout"),
     (r"vaswani bench ", "assert re.search(r'tokens/s', stdout), stdout"),
     (r"curl .*\"stream\": true", "streamed_chat(stdout)"),
+    (r"curl .*\"response_format\"", "structured_answer(command, stdout)"),
+    (r"curl .*\"tools\"", "tool_call_answer(command, stdout)"),
     (r"curl ", "completion_answer(stdout)"),
     (
         r"python -m vaswani.data.chat_demo ",
@@ -167,7 +169,8 @@ def command_check(command: str) -> str:
     assert check is not None, f"no check in COMMAND_CHECKS for {command!r}: say what its answer must be"
     # vaswani imported: its folders load with the Auto classes
     imports = (
-        "import pathlib, re\nimport vaswani\nfrom documented_commands import option, completion_answer, streamed_chat\n"
+        "import pathlib, re\nimport vaswani\nfrom documented_commands import option, completion_answer, streamed_chat, "
+        "structured_answer, tool_call_answer\n"
     )
     return imports + check
 
@@ -297,6 +300,11 @@ PYTHON_CHECKS = {
     "assert reply == tokenizer.decode(tokens[0, prompt['input_ids'].shape[1]:], skip_special_tokens=True)\n"
     "import torch\nwith torch.no_grad():\n"
     "    assert torch.allclose(with_adapter(tokens).logits, model(tokens).logits, atol=1e-4)  # merged == adapter",
+    "docs/serving.md#1": "import json, jsonschema\nassert isinstance(city, City)\n"
+    "assert reply.choices[0].finish_reason == 'tool_calls' and call.id.startswith('call_')\n"
+    "assert call.function.name == 'get_weather'\n"
+    "jsonschema.validate(json.loads(call.function.arguments), weather['function']['parameters'])\n"
+    "assert final.choices[0].finish_reason in ('stop', 'length', 'tool_calls')",
     "docs/serving.md#0": "answer = reply.choices[0].message.content\n"
     "assert answer and reply.choices[0].finish_reason in ('stop', 'length')\n"
     "assert printed.startswith(answer + '\\n') and printed[len(answer) + 1:], printed  # then the streamed text\n"
