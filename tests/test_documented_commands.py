@@ -305,6 +305,11 @@ PYTHON_CHECKS = {
     "assert call.function.name == 'get_weather'\n"
     "jsonschema.validate(json.loads(call.function.arguments), weather['function']['parameters'])\n"
     "assert final.choices[0].finish_reason in ('stop', 'length', 'tool_calls')",
+    "docs/serving.md#2": "schema = {'name': 'city', 'schema': City.model_json_schema()}\n"
+    "served = client.chat.completions.create(model='smol-int8', messages=question, max_tokens=200, temperature=0,\n"
+    "    response_format={'type': 'json_schema', 'json_schema': schema}).choices[0].message.content\n"
+    "assert offline == served, (offline, served)  # the server's answer to the same request\n"
+    "City.model_validate_json(offline)",
     "docs/serving.md#0": "answer = reply.choices[0].message.content\n"
     "assert answer and reply.choices[0].finish_reason in ('stop', 'length')\n"
     "assert printed.startswith(answer + '\\n') and printed[len(answer) + 1:], printed  # then the streamed text\n"
