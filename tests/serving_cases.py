@@ -191,3 +191,16 @@ def scheduled_results(scheduler, requests: list, timeout: float = 60) -> list[tu
 def scheduled_tokens(scheduler, requests: list, timeout: float = 60) -> list[list[int]]:
     """Each request's tokens from `scheduler` (`scheduled_results`)."""
     return [tokens for tokens, _, _ in scheduled_results(scheduler, requests, timeout)]
+
+
+def scrape(http) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels): value} of a server's /metrics (`http`: an httpx client on its base address),
+    through prometheus' own parser."""
+    from prometheus_client import parser
+
+    text = http.get("/metrics").text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in parser.text_string_to_metric_families(text)
+        for sample in family.samples
+    }

@@ -26,6 +26,7 @@ from serving_cases import (
     CONTEXT,
     free_port,
     offline_answer,
+    scrape,
     self_signed_certificate,
     serving,
     tiny_chat_tokenizer,
@@ -34,7 +35,7 @@ from serving_cases import (
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
-prometheus_parser = pytest.importorskip("prometheus_client.parser")
+pytest.importorskip("prometheus_client")
 
 from vaswani.data.tokenization import train_tokenizer  # noqa: E402
 from vaswani.runtime import OrtModelForCausalLM, default_session_options  # noqa: E402
@@ -85,7 +86,17 @@ def test_sigterm_drains_a_running_stream_and_a_vanished_non_streamed_client_hold
     server still ran 15 s after SIGTERM); SIGTERM then lets a running stream finish and the process exits, long
     before its 60 s grace period."""
     port = free_port()
-    command = [sys.executable, "-m", "vaswani.cli.main", "serve", str(folders[1]), "--port", str(port), "--threads", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "vaswani.cli.main",
+        "serve",
+        str(folders[1]),
+        "--port",
+        str(port),
+        "--threads",
+        "1",
+    ]
     command += ["--model-name", MODEL, "--shutdown-timeout", "60", "--log-level", "info"]
     tls = self_signed_certificate(tmp_path)
     if tls is not None:
@@ -497,16 +508,6 @@ def test_request_ids_are_honoured_or_made_and_each_request_is_logged(folders, ca
     assert any(line.startswith("client-42 ") and '"POST /v1/completions" 200' in line for line in lines)
     assert any(line.startswith(made.headers["x-request-id"]) and '"GET /health" 200' in line for line in lines)
     assert any(line.startswith("lost-1 ") and " 404 " in line for line in lines)
-
-
-def scrape(http: httpx.Client) -> dict[tuple[str, tuple], float]:
-    """{(sample name, sorted labels): value} of /metrics, through prometheus' own parser."""
-    text = http.get("/metrics").text
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in prometheus_parser.text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def test_metrics_move_with_traffic(folders, tokenizer):

@@ -11,7 +11,7 @@ the tool's result).
 import json
 
 import pytest
-from serving_cases import offline_answer, serving, tiny_chat_tokenizer
+from serving_cases import offline_answer, scrape, serving, tiny_chat_tokenizer
 
 pytest.importorskip("fastapi")
 pytest.importorskip("llguidance")
@@ -242,3 +242,31 @@ def test_the_command_line_offers_every_tool_call_format():
     from vaswani.serving.tools import TOOL_CALL_PARSERS
 
     assert offered == ("auto", *TOOL_CALL_PARSERS)
+
+
+def test_metrics_count_constrained_requests_and_tool_calls(server):
+    """/metrics, read with prometheus' own parser: each forced request counts under tool_choice, its compile is
+    timed, and every call returned (whole or streamed) counts."""
+    import httpx
+
+    http = httpx.Client(base_url=server.url, timeout=10)
+    before = scrape(http)
+    values = dict(
+        model=MODEL,
+        messages=QUESTION,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
+    )
+    client(server).chat.completions.create(**values)
+    list(client(server).chat.completions.create(**values, stream=True))
+    after = scrape(http)
+
+    def moved(name, labels=()):
+        return after.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+
+    assert moved("vaswani_constrained_requests_total", (("field", "tool_choice"),)) == 2
+    assert moved("vaswani_grammar_compile_seconds_count") == 2
+    assert moved("vaswani_tool_calls_total") == 2

@@ -236,9 +236,11 @@ def tool_use(service: GenerationService, body: Any) -> ToolUse | None:
     return ToolUse(tool_format, mode, tools, grammar)
 
 
-def answer_grammar(service: GenerationService, body: Any, tools: ToolUse | None = None) -> CompiledGrammar | None:
+def answer_grammar(
+    service: GenerationService, body: Any, tools: ToolUse | None = None, metrics: ServerMetrics | None = None
+) -> CompiledGrammar | None:
     """The request's constraint on its answer, compiled for the model (None: free text); a 400 naming the field that
-    carried a constraint this server cannot enforce."""
+    carried a constraint this server cannot enforce. `metrics` count it by field and time its compilation."""
     try:
         constraint = body.constraint()
     except ValueError as error:
@@ -254,12 +256,17 @@ def answer_grammar(service: GenerationService, body: Any, tools: ToolUse | None 
     if constraint is None:
         return None
     field, grammar = constraint
+    started = time.perf_counter()
     try:
-        return service.compile(grammar)
+        compiled = service.compile(grammar)
     except ValueError as error:
         raise OpenAIError(f"{field}: {error}", param=field) from None
     except ImportError as error:
         raise OpenAIError(f"{field}: this server cannot constrain answers: {error}", param=field) from None
+    if metrics is not None:
+        metrics.grammar_compile.observe(time.perf_counter() - started)
+        metrics.constrained_requests.labels(field).inc()
+    return compiled
 
 
 def sampling_params(
@@ -335,7 +342,7 @@ async def answer(
             f"server runs and queues {capacity} at most. Send fewer prompts or a smaller n.",
             param="n",
         )
-    grammar = await run_in_threadpool(answer_grammar, service, body, tools)
+    grammar = await run_in_threadpool(answer_grammar, service, body, tools, request.app.state.metrics)
     choice_prompts, params = [], []
     for prompt in prompts:
         max_tokens = await run_in_threadpool(service.check, prompt, body.token_limit, param)
@@ -388,6 +395,7 @@ async def answer(
     if tools is not None:
         parsed = [tools.format.parse(text) for text in texts]
         calls = [[call.to_openai() for call in choice_calls] for _, choice_calls in parsed]
+        state.metrics.tool_calls.inc(sum(map(len, calls)))
         texts = [content if choice_calls else text for text, (content, choice_calls) in zip(texts, parsed)]
         reasons = [tools.finish_reason(reason, bool(choice_calls)) for reason, choice_calls in zip(reasons, calls)]
     id = new_id("chatcmpl" if kind == "chat" else "cmpl")
@@ -447,7 +455,10 @@ async def stream_events(
                     if reason is not None:
                         pieces += tool_streams[index].finish()
                     for piece in pieces:
-                        called[index] = called[index] or "tool_calls" in piece
+                        if "tool_calls" in piece:
+                            called[index] = True
+                            if run.metrics is not None:
+                                run.metrics.tool_calls.inc(sum("id" in call for call in piece["tool_calls"]))
                         yield sse(chunk_body(kind, id, created, model, index, None, logprobs=body, delta=piece))
                         body = None  # the log probabilities went with the first piece
                     if reason is not None:

@@ -11,6 +11,10 @@ Names follow Prometheus' conventions (`_total` counters, `_seconds` histograms) 
 - `vaswani_inter_token_latency_seconds`: between two tokens of a choice, as its client receives them.
 - `vaswani_prompt_tokens_total`, `vaswani_generation_tokens_total`: tokens in and out.
 - `vaswani_batch_size`: the running sequences of each decoding step.
+- `vaswani_constrained_requests_total{field}`: requests whose answer was held to a constraint, by the field that
+  carried it (`response_format`, `structured_outputs`, `guided_json`, ..., `tool_choice`).
+- `vaswani_grammar_compile_seconds`: compiling a request's constraint (a grammar seen before comes from the cache).
+- `vaswani_tool_calls_total`: tool calls returned to clients.
 
     >>> metrics = ServerMetrics(service)
     >>> metrics.render()  # the text format, for GET /metrics
@@ -27,6 +31,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256)
+GRAMMAR_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class ServerMetrics:
@@ -58,6 +63,19 @@ class ServerMetrics:
         self.batch_size = Histogram(
             "vaswani_batch_size", "Running sequences per decoding step.", buckets=BATCH_BUCKETS, registry=registry
         )
+        self.constrained_requests = Counter(
+            "vaswani_constrained_requests",
+            "Requests whose answer was held to a constraint, by the request field that carried it.",
+            ["field"],
+            registry=registry,
+        )
+        self.grammar_compile = Histogram(
+            "vaswani_grammar_compile_seconds",
+            "Seconds to compile a request's constraint (cached grammars take microseconds).",
+            buckets=GRAMMAR_BUCKETS,
+            registry=registry,
+        )
+        self.tool_calls = Counter("vaswani_tool_calls", "Tool calls returned.", registry=registry)
         scheduler = service.scheduler
         if scheduler is not None:
             for name, key in (("running", "running"), ("prefilling", "prefilling"), ("waiting", "waiting")):
