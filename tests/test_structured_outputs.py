@@ -203,9 +203,10 @@ def test_an_answer_cut_by_max_tokens_finishes_with_length(server):
         ),
         ({"guided_regex": "(unclosed"}, "guided_regex", "regular expression"),
         ({"guided_grammar": "root ::= ("}, "guided_grammar", "grammar"),
-        ({"guided_choice": []}, None, "guided_choice"),
+        ({"guided_choice": []}, "guided_choice", "guided_choice"),
         ({"guided_regex": "a", "response_format": {"type": "json_object"}}, None, "one constraint"),
-        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, None, "one constraint"),
+        ({"guided_json": "{not json"}, "guided_json", "not valid JSON"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs", "one constraint"),
         ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema"),
         (
             {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},

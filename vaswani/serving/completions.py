@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..constraints import CompiledGrammar, Grammar
 from .metrics import ServerMetrics
-from .protocol import OpenAIError
+from .protocol import ConstraintError, OpenAIError
 from .responses import (
     TokenEntry,
     chat_logprobs_body,
@@ -243,8 +243,8 @@ def answer_grammar(
     carried a constraint this server cannot enforce. `metrics` count it by field and time its compilation."""
     try:
         constraint = body.constraint()
-    except ValueError as error:
-        raise OpenAIError(f"Invalid constraint: {error}.") from None
+    except ConstraintError as error:
+        raise OpenAIError(f"Invalid constraint: {error}.", param=error.field) from None
     if tools is not None and tools.grammar is not None:
         if constraint is not None:
             raise OpenAIError(

@@ -71,6 +71,15 @@ def error_body(message: str, type: str = "invalid_request_error", param: str | N
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+class ConstraintError(ValueError):
+    """A request's constraint on its answer cannot be built; `field` is the request field that carried it (None when
+    the problem is between fields)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
 class StrictModel(BaseModel):
     """Unknown fields are errors (a misspelt `max_token` must not silently do nothing); so are lax conversions
     ("8" for an integer) and non-finite numbers (NaN, Infinity)."""
@@ -253,7 +262,7 @@ class SamplingFields(StrictModel):
 
     def constraint(self) -> tuple[str, Grammar] | None:
         """The constraint the request puts on its answer's text, with the field that carried it (None: free text); a
-        ValueError names a bad constraint, or two given at once."""
+        `ConstraintError` names a bad constraint (and its field), or two given at once."""
         given: dict[str, Any] = {}
         response_format = self.response_format
         if response_format is not None and response_format.type == "json_object":
@@ -272,12 +281,12 @@ class SamplingFields(StrictModel):
             if getattr(self, name) is not None:
                 given[name] = lambda make=make, value=getattr(self, name): make(value)
         if len(given) > 1:
-            raise ValueError(f"a request takes one constraint on its answer, got {' and '.join(given)}")
+            raise ConstraintError(f"a request takes one constraint on its answer, got {' and '.join(given)}")
         for name, make in given.items():
             try:
                 grammar = make()
             except ValueError as error:
-                raise ValueError(f"{name}: {error}") from None
+                raise ConstraintError(f"{name}: {error}", field=name) from None
             return (name, grammar) if grammar is not None else None
         return None
 
