@@ -46,6 +46,7 @@ def publish_part(name: str, part: dict, json_path: Path, markdown_path: Path | N
     results = {
         "title": TITLE,
         "command": "; ".join(each["command"] for each in present),
+        "commands": [each["command"] for each in present],
         "machine": machine,
         "notes": notes,
         "tables_from": "structured_outputs",

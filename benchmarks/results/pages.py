@@ -86,6 +86,11 @@ def results_tables(results: dict) -> list[dict]:
     return results["tables"]
 
 
+def made_by(results: dict) -> str:
+    """The commands that made the page, each in a code span of its own (a page of several scripts lists each)."""
+    return " and ".join(f"`{command}`" for command in results.get("commands", [results["command"]]))
+
+
 def render(results: dict, json_name: str) -> str:
     """The page's rendered part, from a results dictionary as read back from `json_name`."""
     again = f"render again with `python -m benchmarks.results docs/results/{json_name}`"
@@ -98,7 +103,7 @@ def render(results: dict, json_name: str) -> str:
         )
     parts = [
         f"# {results['title']}",
-        f"Made by `{results['command']}` ({source}).",
+        f"Made by {made_by(results)} ({source}).",
         f"Machine: {describe_machine(results['machine'])}",
         *results.get("notes", []),
         *(render_table(rendered) for rendered in results_tables(results)),
