@@ -150,9 +150,10 @@ class GrammarMatcher:
         return self.next_mask
 
     def mask_scores(self, scores: torch.Tensor) -> torch.Tensor:
-        """`scores` (1, vocab) or (vocab,) with every token the grammar does not allow next set to -inf."""
+        """`scores` (1, vocab) or (vocab,), in place, with every token the grammar does not allow next set to -inf
+        (the callers hold their own copy of the logits: a second vocabulary-wide copy per token is not needed)."""
         allowed = allowed_tokens(self.mask(), scores.shape[-1])
-        return scores.masked_fill(~allowed, -torch.inf)
+        return scores.masked_fill_(~allowed, -torch.inf)
 
 
 def fill_masks(matchers: Sequence[GrammarMatcher]) -> None:
