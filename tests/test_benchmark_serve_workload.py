@@ -1,7 +1,12 @@
-"""The mixed serving benchmark's workload and statistics (benchmarks/serve_workload.py) on fixed inputs, with
-expectations derived from the definitions vLLM's serving benchmark uses, and its published results table: the command
-it names exists and its JSON parses and holds what the table shows."""
+"""The mixed serving benchmark's workloads and statistics (benchmarks/serve_workload.py,
+benchmarks/serve_conversations.py) on fixed inputs, with expectations derived from the definitions vLLM's serving
+benchmark uses: the independent prompts; the shared system prompt, 500-1000 tokens that every such prompt really
+starts with; multi-turn chats whose turns resend the previous prompt and its answer; the same requests for a seed.
+Then its engine variants (benchmarks/serve_variants.py: a variant's flags reach its server's command and its results
+row), its table per workload (benchmarks/results/serve_workloads.py) and its published results table: the command it
+names exists and its JSON parses and holds what the table shows."""
 
+import asyncio
 import importlib.util
 import json
 import math
@@ -12,11 +17,15 @@ from pathlib import Path
 import numpy
 import pytest
 
+from benchmarks import serve_conversations as conversations
 from benchmarks import serve_workload as workload
+from benchmarks.results.serve_workloads import serve_workload_tables
+from benchmarks.serve_variants import engine_spec, parse_variants
 
 ROOT = Path(__file__).resolve().parent.parent
 
 CORPUS = list(range(10_000))  # token i at position i: a prompt is a window iff its ids are consecutive
+SMOLLM2_FOLDERS = [Path("/tmp/smollm2-135m"), Path("/tmp/smol/hf")]  # the benchmark's tokenizer, where one is here
 
 
 def test_lengths_are_drawn_within_the_range_ratio_and_prompts_are_corpus_windows():
@@ -101,8 +110,13 @@ def test_the_published_mixed_serving_results_name_their_script_and_their_json_ho
     module = re.search(r"`python -m (benchmarks\.\w+)", text).group(1)
     assert importlib.util.find_spec(module) is not None
     # The measurements the table is computed from.
-    results = json.loads(markdown.with_suffix(".json").read_text())["raw"]
+    published = json.loads(markdown.with_suffix(".json").read_text())
+    results = published["raw"]
     assert results["meta"]["command"].startswith(f"python -m {module}")
+    if published["tables_from"] == "serve_workloads":  # a table per workload: each row as the maker computes it
+        for made in serve_workload_tables(results, published["machine"]):
+            assert made["rows"] and all("| " + " | ".join(row) + " |" in text for row in made["rows"])
+        return
     rows = re.findall(r"^\| (\S+) \| (\S+) \| ([\d.]+)(?: \([\d.]+-[\d.]+\))? \|", text, flags=re.MULTILINE)
     assert rows
     for rate, engine, throughput in rows:
@@ -200,3 +214,196 @@ def test_the_mixed_workload_runs_on_vaswani_serve_with_every_constrained_answer_
     entry = workload.run_entry(records, round=0, rate="inf")
     assert entry["summary"]["length_mismatches"] == 0
     assert sum(request.get("structured", False) for request in entry["requests"]) == 3
+
+
+# ------------------------------------------------------------------------------------------------ shared prefix, chats
+
+
+def tokenizers():
+    """The benchmark's tokenizer (SmolLM2's, where a local copy exists) and the package's tiny corpus BPE, whose
+    tokens are shorter: the system prompt must hold with either."""
+    from serving_cases import tiny_chat_tokenizer
+
+    found = {"tiny-corpus-bpe": tiny_chat_tokenizer()}
+    for folder in SMOLLM2_FOLDERS:
+        if (folder / "tokenizer.json").is_file():
+            from transformers import AutoTokenizer
+
+            found["smollm2"] = AutoTokenizer.from_pretrained(folder)
+            break
+    return found
+
+
+@pytest.fixture(scope="module", params=["smollm2", "tiny-corpus-bpe"])
+def tokenizer(request):
+    found = tokenizers()
+    if request.param not in found:
+        pytest.skip(f"no local SmolLM2 tokenizer in {', '.join(map(str, SMOLLM2_FOLDERS))}")
+    return found[request.param]
+
+
+def test_every_shared_prefix_prompt_starts_with_the_same_500_to_1000_tokens(tokenizer):
+    def encode(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    prefix = conversations.system_prefix_ids(encode, conversations.system_text(), most=800)
+    assert 500 <= len(prefix) <= 800
+    assert tokenizer.decode(prefix).endswith(".")  # whole paragraphs, no trailing blank line: see system_prefix_ids
+    corpus_ids = encode(" ".join(conversations.dialogue_utterances()) * 4)
+    separator = tuple(encode("\n\n"))
+    items = conversations.make_shared_prefix_workload(prefix, corpus_ids, 40, 64, 16, 0.5, 4, 0, 1.0, separator)
+    suffixes = set()
+    for item in items:
+        # What the server sees: the text the client sends, tokenized again.
+        sent = encode(tokenizer.decode(item.prompt_ids))
+        assert tuple(sent[: len(prefix)]) == prefix
+        suffixes.add(item.prompt_ids[len(prefix) :])
+    assert len(suffixes) == 40  # a distinct prompt after the shared part
+
+
+def test_the_shared_prefix_workload_is_the_independent_one_behind_the_prefix():
+    prefix = tuple(range(20_000, 20_600))
+    shared = conversations.make_shared_prefix_workload(prefix, CORPUS, 30, 40, 20, 0.5, rate=2, seed=3)
+    plain = workload.make_workload(CORPUS, 30, 40, 20, 0.5, rate=2, seed=3)
+    assert [item.prompt_ids for item in shared] == [prefix + item.prompt_ids for item in plain]
+    separated = conversations.make_shared_prefix_workload(prefix, CORPUS, 30, 40, 20, 0.5, 2, 3, separator_ids=(7,))
+    assert separated[0].prompt_ids == prefix + (7,) + plain[0].prompt_ids
+    assert [(item.output_len, item.offset) for item in shared] == [(item.output_len, item.offset) for item in plain]
+    assert conversations.make_shared_prefix_workload(prefix, CORPUS, 30, 40, 20, 0.5, rate=2, seed=3) == shared
+
+
+def test_a_system_text_too_short_for_500_tokens_is_refused():
+    with pytest.raises(ValueError, match="needs 500"):
+        conversations.system_prefix_ids(lambda text: text.split(), "a few words.\n\nand more.", most=1000)
+
+
+def test_each_turn_resends_the_previous_prompt_and_its_answer_then_the_next_user_turn():
+    utterances = conversations.dialogue_utterances()
+    assert len(utterances) > 20 and all(": " in line and "\n" not in line for line in utterances)
+    chats = conversations.make_conversations(utterances, 6, turns=4, output_len=32, range_ratio=0.5, rate=2, seed=1)
+    for chat in chats:
+        answers = [f" answer {turn} of {chat.offset:.3f}" for turn in range(3)]
+        prompts = conversations.conversation_prompts(chat, answers)
+        assert len(prompts) == 4 and prompts[0] == chat.user_turns[0]
+        for turn in range(1, 4):
+            assert prompts[turn].startswith(prompts[turn - 1] + answers[turn - 1])
+            assert prompts[turn].endswith(chat.user_turns[turn])
+        # A user turn is 1-3 consecutive lines of the dialogue, each ending the prompt on a new line.
+        for user_turn in chat.user_turns:
+            lines = user_turn.rstrip("\n").split("\n")
+            assert user_turn.endswith("\n") and 1 <= len(lines) <= 3
+            start = utterances.index(lines[0])
+            assert lines == [utterances[(start + k) % len(utterances)] for k in range(len(lines))]
+        assert all(16 <= length <= 48 for length in chat.output_lens)
+
+
+def test_conversations_are_the_same_for_a_seed_and_arrive_as_the_independent_requests_do():
+    utterances = conversations.dialogue_utterances()
+
+    def draw(seed, rate=2.0):
+        return conversations.make_conversations(utterances, 8, 3, 32, 0.5, rate, seed, think_time=0.5)
+
+    assert draw(0) == draw(0) and draw(0) != draw(1)
+    offsets = [chat.offset for chat in draw(0)]
+    assert offsets == [item.offset for item in workload.make_workload(CORPUS, 8, 10, 10, 0.5, 2.0, 0)]
+    assert [chat.offset for chat in draw(0, math.inf)] == [0.0] * 8
+    assert {chat.think_time for chat in draw(0)} == {0.5}
+
+
+def test_variants_add_their_flags_and_name_the_runtime():
+    variants = parse_variants(["chunk64=--prefill-chunk 64"])
+    spec = engine_spec("vaswani-int8-openvino+noprefix+chunk64", variants)
+    assert (spec.family, spec.weights, spec.runtime) == ("vaswani", "int8", "openvino")
+    assert spec.flags == ("--prefix-cache-bytes", "0", "--prefill-chunk", "64")
+    assert engine_spec("vaswani-int4").runtime == "onnxruntime" and engine_spec("vaswani-int4").flags == ()
+    assert engine_spec("openvino-int8+noprefix").flags == ("--no-prefix-caching",)
+    assert engine_spec("llama-server-q8_0").weights == "q8_0"
+    with pytest.raises(ValueError, match="no variant 'noprefix' for llama-server"):
+        engine_spec("llama-server-q8_0+noprefix")
+    with pytest.raises(ValueError, match="unknown engine"):
+        engine_spec("vaswani-int3")
+    with pytest.raises(ValueError, match="NAME=FLAGS"):
+        parse_variants(["--prefill-chunk 64"])
+
+
+def test_a_variant_reaches_the_server_command(tmp_path):
+    import argparse
+
+    from benchmarks.benchmark_serve_mixed import server_command
+
+    args = argparse.Namespace(
+        venvs=str(tmp_path), threads=2, max_batch=4, num_prompts=4, vaswani_flags="", openvino_precision="auto",
+        variants=parse_variants(["chunk64=--prefill-chunk 64"]), ctx_per_slot=512,
+    )  # fmt: skip
+    command, _, fixed = server_command("vaswani-fp32-openvino+chunk64", tmp_path, 8123, args)
+    assert command[-6:] == ["--engine", "openvino", "--openvino-precision", "auto", "--prefill-chunk", "64"]
+    assert fixed == {"ignore_eos": True}
+    command, _, _ = server_command("openvino-int8+noprefix", tmp_path, 8123, args)
+    assert command[-1] == "--no-prefix-caching"
+
+
+def summary(throughput, ttft):
+    return {"output_throughput": throughput, "request_throughput": 1.0, "failed": 0,
+            "ttft_ms": {"p50": ttft, "p95": 2 * ttft}, "itl_ms": {"p50": 10.0, "p95": 20.0}, "tpot_ms": {"p50": 11.0}}  # fmt: skip
+
+
+def test_the_table_per_workload_shows_medians_ranges_flags_and_the_prefix_cache_ratio():
+    engines = ["vaswani-int8", "vaswani-int8+noprefix"]
+    runs = []
+    for round_index, (fast, slow) in enumerate([(100.0, 300.0), (120.0, 600.0), (110.0, 330.0)]):
+        for name in ("shared-prefix", "multi-turn"):
+            runs.append({"round": round_index, "engine": engines[0], "rate": "inf", "workload": name,
+                         "summary": summary(50.0 + round_index, fast), "later_turns": {"ttft_ms": {"p50": fast / 2}}})  # fmt: skip
+            runs.append({"round": round_index, "engine": engines[1], "rate": "inf", "workload": name,
+                         "summary": summary(40.0, slow), "later_turns": {"ttft_ms": {"p50": slow}}})  # fmt: skip
+    raw = {
+        "meta": {
+            "args": {"rates": "[inf]", "engines": engines, "workloads": ["shared-prefix", "multi-turn"]},
+            "engines": {
+                engines[0]: {"flags": "", "precision": "int8 weights"},
+                engines[1]: {"flags": "--prefix-cache-bytes 0", "precision": "int8 weights"},
+            },
+        },
+        "runs": runs,
+    }
+    shared, chats, ratios = serve_workload_tables(raw, {})
+    assert shared["heading"].startswith("Workload: shared-prefix") and chats["heading"].startswith("Workload: multi")
+    assert shared["rows"][0][:5] == ["inf", "vaswani-int8", "-", "int8 weights", "51.0 (50.0-52.0)"]
+    assert shared["rows"][1][2] == "`--prefix-cache-bytes 0`"
+    assert shared["columns"][6] == "TTFT p50 ms" and shared["rows"][0][6] == "110 (100-120)"
+    assert chats["columns"][-2] == "TTFT p50 ms, turns 2+" and chats["rows"][0][-2] == "55 (50-60)"
+    # Without over with the cache, round by round: 3.0, 5.0, 3.0.
+    assert ratios["rows"][0] == ["shared-prefix", "inf", "vaswani-int8", "3.00x (3.00-5.00)"]
+
+
+def test_a_multi_turn_run_on_vaswani_serve_resends_each_answer(tiny_chat_pair):
+    """Against a tiny model's server, every turn completes at its length and each later turn's prompt holds the
+    earlier prompt and the answer the server gave (more prompt tokens than the turn before and its answer)."""
+    pytest.importorskip("fastapi")
+    import httpx
+    from serving_cases import serving
+    from transformers import AutoTokenizer
+
+    from vaswani.serving import create_app, load_service
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_chat_pair["onnx"])
+    chats = conversations.make_conversations(
+        ["Tom: Hello there.", "Maya: Hi Tom.", "Tom: How are you?"], 2, 3, 6, 0.5, math.inf, seed=2
+    )
+
+    def count_tokens(text):
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    service = load_service(tiny_chat_pair["onnx"], threads=1, max_batch=4, max_waiting=16)
+    with serving(create_app(service)) as server:
+        model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+        records = asyncio.run(
+            conversations.run_conversations(server.url, model, chats, {"ignore_eos": True}, count_tokens)
+        )
+    assert [record.error for record in records] == [None] * 6
+    assert [record.output_tokens for record in records] == [n for chat in chats for n in chat.output_lens]
+    for chat_index in range(2):
+        turns = records[3 * chat_index : 3 * chat_index + 3]
+        for before, after in zip(turns, turns[1:]):
+            assert after.sent >= before.chunks[-1]  # sent once the answer before it completed
+            assert after.prompt_tokens > before.prompt_tokens + before.output_tokens - 2  # the answer, re-tokenized

@@ -4,11 +4,14 @@ OpenVINO GenAI (whose own server is OpenVINO Model Server); it runs in the OpenV
 benchmarks/serve_engines/setup.sh.
 
     python openvino_server.py OV_FOLDER --port 8001 --threads 2 --max-num-seqs 16 [--model-name NAME]
+        [--no-prefix-caching]
 
 The engine is `openvino_genai.ContinuousBatchingPipeline` with a `SchedulerConfig` (the pipeline that `LLMPipeline`
 runs when it is given a `scheduler_config`), driven the way a server drives it: one thread adds the requests that
 arrived (`add_request`) and calls `step()` while any is unfinished; after each step every request's new tokens
-(`GenerationHandle.read()`) go to its HTTP stream. Routes: GET /health, GET /v1/models, POST /v1/completions (a text
+(`GenerationHandle.read()`) go to its HTTP stream. The scheduler's prefix caching (`enable_prefix_caching`: KV blocks of
+earlier prompts reused by a prompt that starts the same way) is set explicitly, on unless `--no-prefix-caching`, and
+`/health` reports it with the precision the CPU plugin computes in (`INFERENCE_PRECISION_HINT`). Routes: GET /health, GET /v1/models, POST /v1/completions (a text
 `prompt`, `max_tokens`, `ignore_eos`, `temperature` 0 (greedy) or above (multinomial sampling), `stream`,
 `stream_options.include_usage`). Text is detokenized with the folder's transformers tokenizer, decoding the answer so
 far and sending what is new (answers are short here).
@@ -33,12 +36,19 @@ class Engine:
     """The pipeline and the thread that steps it; `submit` returns an asyncio queue of lists of new token ids,
     closed by None."""
 
-    def __init__(self, folder: str, threads: int, max_num_seqs: int, cache_gb: int, max_batched_tokens: int):
+    def __init__(
+        self, folder: str, threads: int, max_num_seqs: int, cache_gb: int, max_batched_tokens: int, prefix_caching: bool
+    ):
         scheduler = openvino_genai.SchedulerConfig()
         scheduler.max_num_seqs = max_num_seqs
         scheduler.cache_size = cache_gb
         scheduler.max_num_batched_tokens = max_batched_tokens
         scheduler.dynamic_split_fuse = True  # prompts chunked among decoding steps, as vLLM's chunked prefill
+        # Set either way rather than left to the release's default, which has changed between releases.
+        scheduler.enable_prefix_caching = prefix_caching
+        self.settings = {"enable_prefix_caching": scheduler.enable_prefix_caching, "max_num_seqs": max_num_seqs,
+                         "max_num_batched_tokens": max_batched_tokens, "cache_size_gb": cache_gb,
+                         "dynamic_split_fuse": True, "inference_precision": inference_precision()}  # fmt: skip
         properties = {"INFERENCE_NUM_THREADS": threads}
         self.pipeline = openvino_genai.ContinuousBatchingPipeline(folder, scheduler, "CPU", properties)
         self.arrived: queue.Queue = queue.Queue()
@@ -81,12 +91,19 @@ class Engine:
             time.sleep(0)
 
 
+def inference_precision() -> str:
+    """The precision OpenVINO's CPU plugin computes in by default on this CPU (bf16 where it has AMX or AVX512_BF16)."""
+    import openvino
+
+    return openvino.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").to_string()
+
+
 def create_app(engine: Engine, tokenizer, name: str) -> FastAPI:
     app = FastAPI()
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": name}
+        return {"status": "ok", "model": name, "scheduler": engine.settings}
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -170,8 +187,13 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=256)
     parser.add_argument("--cache-gb", type=int, default=1, help="KV cache size in GB")
     parser.add_argument("--model-name")
+    parser.add_argument(
+        "--no-prefix-caching", dest="prefix_caching", action="store_false", help="SchedulerConfig.enable_prefix_caching"
+    )
     args = parser.parse_args()
-    engine = Engine(args.folder, args.threads, args.max_num_seqs, args.cache_gb, args.max_num_batched_tokens)
+    engine = Engine(
+        args.folder, args.threads, args.max_num_seqs, args.cache_gb, args.max_num_batched_tokens, args.prefix_caching
+    )
     tokenizer = AutoTokenizer.from_pretrained(args.folder)
     name = args.model_name or args.folder.rstrip("/").split("/")[-1]
     uvicorn.run(create_app(engine, tokenizer, name), host=args.host, port=args.port, log_level="warning")

@@ -1,0 +1,108 @@
+"""The engines benchmarks/benchmark_serve_mixed.py can run, and their variants: an engine name is a base engine
+(`BASE_ENGINES`) and optional `+VARIANT` suffixes, each adding server flags. `vaswani-int8+noprefix` is vaswani serve
+on the int8 export with its prefix cache off; `openvino-int8+noprefix` OpenVINO GenAI's pipeline with
+`enable_prefix_caching` off. A variant is a built-in (`BUILTIN_VARIANTS`, flags per server family) or one given on
+the command line as `--variant NAME=FLAGS` (the same flags for any family it is put on; it replaces a built-in of
+that name). Every result row names its engine, the flags it ran with and the precision it computed in.
+
+    variants = parse_variants(["chunk64=--prefill-chunk 64"])
+    spec = engine_spec("vaswani-int8-openvino+noprefix+chunk64", variants)
+    spec.family, spec.weights, spec.runtime, spec.flags
+    # ('vaswani', 'int8', 'openvino', ('--prefix-cache-bytes', '0', '--prefill-chunk', '64'))
+"""
+
+import json
+import shlex
+from dataclasses import dataclass
+
+BASE_ENGINES = [
+    "vaswani-fp32",
+    "vaswani-int8",
+    "vaswani-int4",
+    "vaswani-fp32-openvino",
+    "vaswani-int8-openvino",
+    "llama-server-q8_0",
+    "llama-server-q4_0",
+    "llama-cpp-python-q8_0",
+    "llama-cpp-python-q4_0",
+    "openvino-int8",
+    "openvino-int4",
+    "vllm-fp32",
+]
+
+# Built-in variants: per server family, the flags that turn the feature on or off. vaswani serve's speculative
+# config takes vLLM's JSON form.
+NGRAM_CONFIG = json.dumps({"method": "ngram", "num_speculative_tokens": 4})
+BUILTIN_VARIANTS: dict[str, dict[str, list[str]]] = {
+    "noprefix": {"vaswani": ["--prefix-cache-bytes", "0"], "openvino": ["--no-prefix-caching"]},
+    "ngram": {"vaswani": ["--speculative-config", NGRAM_CONFIG]},
+}
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What an engine name stands for: the server family, the weights it loads (fp32, int8, q8_0...), the runtime
+    behind vaswani serve (onnxruntime or openvino; "" for the others) and the extra server flags its variants add."""
+
+    name: str
+    base: str
+    family: str
+    weights: str
+    runtime: str
+    variants: tuple[str, ...]
+    flags: tuple[str, ...]
+
+    @property
+    def flags_text(self) -> str:
+        return shlex.join(self.flags)
+
+
+def parse_variants(definitions: list[str]) -> dict[str, list[str]]:
+    """`--variant NAME=FLAGS` definitions as {name: flags}; NAME is what follows `+` in an engine name."""
+    variants = {}
+    for definition in definitions:
+        name, equals, flags = definition.partition("=")
+        if not equals or not name or "+" in name or "-" in name[:1]:
+            raise ValueError(f"--variant takes NAME=FLAGS (e.g. chunk64='--prefill-chunk 64'); got {definition!r}")
+        variants[name] = shlex.split(flags)
+    return variants
+
+
+def engine_spec(name: str, variants: dict[str, list[str]] | None = None) -> EngineSpec:
+    """The `EngineSpec` of `name` (BASE[+VARIANT...]); a ValueError names the engines and variants there are."""
+    base, *suffixes = name.split("+")
+    if base not in BASE_ENGINES:
+        raise ValueError(f"unknown engine {base!r}; choose among {', '.join(BASE_ENGINES)} (then +VARIANT)")
+    if base.startswith("vaswani-"):
+        family, weights, runtime = "vaswani", base.split("-")[1], "openvino" if base.endswith("-openvino") else ""
+        runtime = runtime or "onnxruntime"
+    else:
+        family, _, weights = base.rpartition("-")
+        runtime = ""
+    flags: list[str] = []
+    for suffix in suffixes:
+        if variants and suffix in variants:
+            flags += variants[suffix]
+        elif family in BUILTIN_VARIANTS.get(suffix, {}):
+            flags += BUILTIN_VARIANTS[suffix][family]
+        else:
+            known = sorted({*(variants or {}), *(v for v, by in BUILTIN_VARIANTS.items() if family in by)})
+            raise ValueError(f"{name}: no variant {suffix!r} for {family} engines; known: {', '.join(known)}")
+    return EngineSpec(name, base, family, weights, runtime, tuple(suffixes), tuple(flags))
+
+
+def compute_precision(spec: EngineSpec, openvino_precision: str) -> str:
+    """The precision each engine computes in, as the results label it. `openvino_precision` is what
+    `vaswani serve --engine openvino --openvino-precision auto` resolves to on this CPU (bf16 where it has
+    AVX512_BF16 or AMX, else f32)."""
+    if spec.family == "vaswani":
+        weights = {"fp32": "fp32 weights", "int8": "int8 weights", "int4": "int4 weights"}[spec.weights]
+        if spec.runtime == "openvino":
+            return f"{weights}, {openvino_precision} compute (OpenVINO, portable export)"
+        compute = "fp32 compute" if spec.weights == "fp32" else "int8 activations (MatMulNBits accuracy level 4)"
+        return f"{weights}, {compute} (ONNX Runtime)"
+    if spec.family == "openvino":
+        return f"{spec.weights} weights (NNCF), OpenVINO's default inference precision on this CPU"
+    if spec.family in ("llama-server", "llama-cpp-python"):
+        return f"{spec.weights.upper()} GGUF"
+    return "fp32"
