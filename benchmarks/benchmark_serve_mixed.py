@@ -38,7 +38,7 @@ turns within a round, in reverse order every other round, and each figure is the
 Engines (benchmarks/serve_variants.py) take `+VARIANT` suffixes that add server flags, named in each result row:
 `+noprefix` turns the prefix cache off (`vaswani serve --prefix-cache-bytes 0`; OpenVINO GenAI's
 `enable_prefix_caching`, which the shim sets on otherwise), `+ngram` speculative decoding, and `--variant NAME=FLAGS`
-defines more (`--variant chunk64='--prefill-chunk 64' --engines vaswani-int8 vaswani-int8+chunk64`).
+defines more (`--variant tokens64='--max-num-batched-tokens 64' --engines vaswani-int8 vaswani-int8+tokens64`).
 
 `--structured-share 0.5` adds the structured-output mix (vaswani engines only): each rate runs again on the same
 server with half its requests carrying a JSON schema (`serve_workload.with_structured_share`), plain and mix in
@@ -281,16 +281,15 @@ def main() -> None:
     parser.add_argument(
         "--engines",
         nargs="+",
-        default=[engine for engine in ENGINES if not engine.startswith(("llama-cpp-python", "vaswani-int8-"))],
+        default=[engine for engine in ENGINES if not engine.startswith("llama-cpp-python")],
         help=f"any of {', '.join(ENGINES)}, each with optional +VARIANT suffixes (benchmarks/serve_variants.py: "
         "+noprefix turns the prefix cache off; --variant defines more); default: all but llama-cpp-python's server, "
-        "which answers one request at a time (llama-server is llama.cpp's batching server), and "
-        "vaswani-int8-openvino",
+        "which answers one request at a time (llama-server is llama.cpp's batching server)",
     )
     parser.add_argument(
         "--variant", action="append", default=[], metavar="NAME=FLAGS",
         help="an engine variant: ENGINE+NAME runs ENGINE's server with FLAGS added, e.g. "
-        "--variant chunk64='--prefill-chunk 64' --engines vaswani-int8+chunk64 (repeatable)",
+        "--variant tokens64='--max-num-batched-tokens 64' --engines vaswani-int8+tokens64 (repeatable)",
     )  # fmt: skip
     parser.add_argument(
         "--workloads", nargs="+", choices=conversations.WORKLOADS, default=["independent"],
@@ -325,7 +324,9 @@ def main() -> None:
     parser.add_argument(
         "--export-flags", default="", help="extra `vaswani export` flags for int8/int4, e.g. '--attention portable'"
     )
-    parser.add_argument("--vaswani-flags", default="", help="extra `vaswani serve` flags, e.g. '--prefill-chunk 64'")
+    parser.add_argument(
+        "--vaswani-flags", default="", help="extra `vaswani serve` flags, e.g. '--max-num-batched-tokens 64'"
+    )
     parser.add_argument(
         "--openvino-precision", default="auto", choices=["auto", "f32", "bf16"],
         help="vaswani-*-openvino engines: `vaswani serve --openvino-precision` (auto: bf16 where the CPU has it)",
@@ -413,6 +414,8 @@ def main() -> None:
 
     def save() -> None:
         results["meta"]["elapsed_s"] = time.time() - began
+        if "multi-turn" in args.workloads:
+            results["meta"]["workloads"]["multi-turn"].update(chat_prompt_lengths(results["runs"], args.turns))
         if not results["meta"]["load"]:
             results["meta"]["load"] = [os.getloadavg()[0]]
         if args.json and args.structured_share:
@@ -438,7 +441,10 @@ def main() -> None:
                 results["meta"]["skipped"][engine] = f"the server did not start: {str(error)[:300]}"
                 continue
             try:
-                results["meta"]["servers"].setdefault(engine, server.settings())
+                settings = results["meta"]["servers"].setdefault(engine, server.settings())
+                if "inference_precision" in settings.get("scheduler", {}):  # OpenVINO GenAI's, as its shim found it
+                    found = settings["scheduler"]["inference_precision"]
+                    results["meta"]["engines"][engine] = engine_labels(engine, args, found)
                 for entry in measure(server, engine, round_index, args, workloads, count_tokens):
                     results["meta"]["load"] += entry.pop("load")
                     results["runs"].append(entry)
@@ -449,16 +455,29 @@ def main() -> None:
     print(report(results, args, command))
 
 
-def engine_labels(engine: str, args) -> dict:
+def chat_prompt_lengths(runs: list[dict], turns: int) -> dict:
+    """The mean prompt tokens of the multi-turn requests sent so far, and of the last turns alone (the prompts grow
+    with the answers, so they are known only once sent)."""
+    sent = [request for run in runs if run.get("workload") == "multi-turn" for request in run["requests"]]
+    every = [request["prompt_tokens"] for request in sent if request["error"] is None]
+    last = [
+        request["prompt_tokens"] for i, request in enumerate(sent) if i % turns == turns - 1 and not request["error"]
+    ]
+    return {"prompt_tokens_mean": statistics.mean(every) if every else math.nan,
+            "last_turn_tokens_mean": statistics.mean(last) if last else math.nan}  # fmt: skip
+
+
+def engine_labels(engine: str, args, openvino_genai: str = "") -> dict:
     """What the results say of an engine beside its name: the extra server flags of its variants and the precision
-    it computes in."""
+    it computes in (`openvino_genai`: the precision OpenVINO GenAI's server reported)."""
     spec = engine_spec(engine, args.variants)
     openvino = "f32"
     if spec.runtime == "openvino":
         from vaswani.runtime.openvino import openvino_precision
 
         openvino = openvino_precision(args.openvino_precision)
-    return {"flags": spec.flags_text, "precision": compute_precision(spec, openvino), "base": spec.base}
+    precision = compute_precision(spec, openvino, openvino_genai)
+    return {"flags": spec.flags_text, "precision": precision, "base": spec.base}
 
 
 def build_workloads(args, tokenizer, stories: list[str]) -> tuple[dict, dict]:

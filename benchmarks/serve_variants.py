@@ -5,10 +5,10 @@ on the int8 export with its prefix cache off; `openvino-int8+noprefix` OpenVINO 
 the command line as `--variant NAME=FLAGS` (the same flags for any family it is put on; it replaces a built-in of
 that name). Every result row names its engine, the flags it ran with and the precision it computed in.
 
-    variants = parse_variants(["chunk64=--prefill-chunk 64"])
-    spec = engine_spec("vaswani-int8-openvino+noprefix+chunk64", variants)
+    variants = parse_variants(["tokens64=--max-num-batched-tokens 64"])
+    spec = engine_spec("vaswani-int8-openvino+noprefix+tokens64", variants)
     spec.family, spec.weights, spec.runtime, spec.flags
-    # ('vaswani', 'int8', 'openvino', ('--prefix-cache-bytes', '0', '--prefill-chunk', '64'))
+    # ('vaswani', 'int8', 'openvino', ('--prefix-cache-bytes', '0', '--max-num-batched-tokens', '64'))
 """
 
 import json
@@ -63,7 +63,9 @@ def parse_variants(definitions: list[str]) -> dict[str, list[str]]:
     for definition in definitions:
         name, equals, flags = definition.partition("=")
         if not equals or not name or "+" in name or "-" in name[:1]:
-            raise ValueError(f"--variant takes NAME=FLAGS (e.g. chunk64='--prefill-chunk 64'); got {definition!r}")
+            raise ValueError(
+                f"--variant takes NAME=FLAGS (e.g. tokens64='--max-num-batched-tokens 64'); got {definition!r}"
+            )
         variants[name] = shlex.split(flags)
     return variants
 
@@ -91,18 +93,20 @@ def engine_spec(name: str, variants: dict[str, list[str]] | None = None) -> Engi
     return EngineSpec(name, base, family, weights, runtime, tuple(suffixes), tuple(flags))
 
 
-def compute_precision(spec: EngineSpec, openvino_precision: str) -> str:
+def compute_precision(spec: EngineSpec, openvino_precision: str, openvino_genai: str = "") -> str:
     """The precision each engine computes in, as the results label it. `openvino_precision` is what
     `vaswani serve --engine openvino --openvino-precision auto` resolves to on this CPU (bf16 where it has
-    AVX512_BF16 or AMX, else f32)."""
+    AVX512_BF16 or AMX, else f32); `openvino_genai` what OpenVINO GenAI's shim reports (its CPU plugin's
+    INFERENCE_PRECISION_HINT), where known."""
     if spec.family == "vaswani":
         weights = {"fp32": "fp32 weights", "int8": "int8 weights", "int4": "int4 weights"}[spec.weights]
         if spec.runtime == "openvino":
             return f"{weights}, {openvino_precision} compute (OpenVINO, portable export)"
-        compute = "fp32 compute" if spec.weights == "fp32" else "int8 activations (MatMulNBits accuracy level 4)"
-        return f"{weights}, {compute} (ONNX Runtime)"
-    if spec.family == "openvino":
-        return f"{spec.weights} weights (NNCF), OpenVINO's default inference precision on this CPU"
+        if spec.weights == "fp32":
+            return f"{weights}, fp32 compute (ONNX Runtime)"
+        return f"{weights}, int8 activations (ONNX Runtime's MatMulNBits, accuracy level 4)"
+    if spec.family == "openvino":  # the shim reports the CPU plugin's precision once started (`openvino_genai`)
+        return f"{spec.weights} weights (NNCF), {openvino_genai or 'the CPU plugin default'} compute (OpenVINO GenAI)"
     if spec.family in ("llama-server", "llama-cpp-python"):
         return f"{spec.weights.upper()} GGUF"
     return "fp32"

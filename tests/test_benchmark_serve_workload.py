@@ -311,10 +311,10 @@ def test_conversations_are_the_same_for_a_seed_and_arrive_as_the_independent_req
 
 
 def test_variants_add_their_flags_and_name_the_runtime():
-    variants = parse_variants(["chunk64=--prefill-chunk 64"])
-    spec = engine_spec("vaswani-int8-openvino+noprefix+chunk64", variants)
+    variants = parse_variants(["tokens64=--max-num-batched-tokens 64"])
+    spec = engine_spec("vaswani-int8-openvino+noprefix+tokens64", variants)
     assert (spec.family, spec.weights, spec.runtime) == ("vaswani", "int8", "openvino")
-    assert spec.flags == ("--prefix-cache-bytes", "0", "--prefill-chunk", "64")
+    assert spec.flags == ("--prefix-cache-bytes", "0", "--max-num-batched-tokens", "64")
     assert engine_spec("vaswani-int4").runtime == "onnxruntime" and engine_spec("vaswani-int4").flags == ()
     assert engine_spec("openvino-int8+noprefix").flags == ("--no-prefix-caching",)
     assert engine_spec("llama-server-q8_0").weights == "q8_0"
@@ -323,7 +323,7 @@ def test_variants_add_their_flags_and_name_the_runtime():
     with pytest.raises(ValueError, match="unknown engine"):
         engine_spec("vaswani-int3")
     with pytest.raises(ValueError, match="NAME=FLAGS"):
-        parse_variants(["--prefill-chunk 64"])
+        parse_variants(["--max-num-batched-tokens 64"])
 
 
 def test_a_variant_reaches_the_server_command(tmp_path):
@@ -333,10 +333,10 @@ def test_a_variant_reaches_the_server_command(tmp_path):
 
     args = argparse.Namespace(
         venvs=str(tmp_path), threads=2, max_batch=4, num_prompts=4, vaswani_flags="", openvino_precision="auto",
-        variants=parse_variants(["chunk64=--prefill-chunk 64"]), ctx_per_slot=512,
+        variants=parse_variants(["tokens64=--max-num-batched-tokens 64"]), ctx_per_slot=512,
     )  # fmt: skip
-    command, _, fixed = server_command("vaswani-fp32-openvino+chunk64", tmp_path, 8123, args)
-    assert command[-6:] == ["--engine", "openvino", "--openvino-precision", "auto", "--prefill-chunk", "64"]
+    command, _, fixed = server_command("vaswani-fp32-openvino+tokens64", tmp_path, 8123, args)
+    assert command[-6:] == ["--engine", "openvino", "--openvino-precision", "auto", "--max-num-batched-tokens", "64"]
     assert fixed == {"ignore_eos": True}
     command, _, _ = server_command("openvino-int8+noprefix", tmp_path, 8123, args)
     assert command[-1] == "--no-prefix-caching"
