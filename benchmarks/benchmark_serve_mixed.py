@@ -50,7 +50,6 @@ alternating order, the server's seconds waiting for masks read from `/health`; -
 """
 
 import argparse
-import asyncio
 import json
 import math
 import os
@@ -69,7 +68,6 @@ from benchmarks import serve_workload as workload
 from benchmarks.provenance import command_line
 from benchmarks.serve_mixed_report import machine, publish, report, versions
 from benchmarks.serve_variants import BASE_ENGINES, compute_precision, engine_spec, parse_variants
-from benchmarks.serve_workload import make_workload, run_workload
 from benchmarks.structured_outputs_page import publish_part
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,8 +126,6 @@ def prepare(args, engines: list[str]) -> tuple[dict, dict]:
         gguf_env = {**env, "PYTHONPATH": os.pathsep.join([str(pylib), env["PYTHONPATH"]])}
         run([sys.executable, "-c", script, str(work), str(paths["hf"])], log, gguf_env)
     vaswani = [sys.executable, "-m", "vaswani.cli.main"]
-    if any(engine.startswith("vaswani-") for engine in engines) and not (paths["vaswani"] / "config.json").is_file():
-        run(vaswani + ["convert", "--from", str(paths["hf"]), "--to", str(paths["vaswani"])], log, env)
     for engine in engines:
         spec = engine_spec(engine, args.variants)
         family, kind = spec.family, spec.weights
@@ -140,6 +136,8 @@ def prepare(args, engines: list[str]) -> tuple[dict, dict]:
                 flags += ["--attention", "portable"]
             folder = work / ("-".join([f"onnx-{kind}", *(flag.lstrip("-") for flag in flags)]))
             if not (folder / "manifest.json").is_file():
+                if not (paths["vaswani"] / "config.json").is_file():  # converted once, for the exports missing
+                    run(vaswani + ["convert", "--from", str(paths["hf"]), "--to", str(paths["vaswani"])], log, env)
                 command = vaswani + ["export", "--model", str(paths["vaswani"]), "--task", "text-generation"]
                 command += ["--output", str(folder), "--overwrite"] + flags
                 run(command + (["--quantize", kind] if kind != "fp32" else []), log, env)
@@ -368,7 +366,7 @@ def main() -> None:
     from vaswani.data import corpus_stories
 
     tokenizer = AutoTokenizer.from_pretrained(paths["hf"])
-    workloads, described = build_workloads(args, tokenizer, corpus_stories())
+    workloads, described = conversations.build_workloads(args, tokenizer, corpus_stories())
 
     def count_tokens(text: str) -> int:  # a multi-turn prompt's tokens, known once the answers before it are
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -415,7 +413,9 @@ def main() -> None:
     def save() -> None:
         results["meta"]["elapsed_s"] = time.time() - began
         if "multi-turn" in args.workloads:
-            results["meta"]["workloads"]["multi-turn"].update(chat_prompt_lengths(results["runs"], args.turns))
+            results["meta"]["workloads"]["multi-turn"].update(
+                conversations.chat_prompt_lengths(results["runs"], args.turns)
+            )
         if not results["meta"]["load"]:
             results["meta"]["load"] = [os.getloadavg()[0]]
         if args.json and args.structured_share:
@@ -455,18 +455,6 @@ def main() -> None:
     print(report(results, args, command))
 
 
-def chat_prompt_lengths(runs: list[dict], turns: int) -> dict:
-    """The mean prompt tokens of the multi-turn requests sent so far, and of the last turns alone (the prompts grow
-    with the answers, so they are known only once sent)."""
-    sent = [request for run in runs if run.get("workload") == "multi-turn" for request in run["requests"]]
-    every = [request["prompt_tokens"] for request in sent if request["error"] is None]
-    last = [
-        request["prompt_tokens"] for i, request in enumerate(sent) if i % turns == turns - 1 and not request["error"]
-    ]
-    return {"prompt_tokens_mean": statistics.mean(every) if every else math.nan,
-            "last_turn_tokens_mean": statistics.mean(last) if last else math.nan}  # fmt: skip
-
-
 def engine_labels(engine: str, args, openvino_genai: str = "") -> dict:
     """What the results say of an engine beside its name: the extra server flags of its variants and the precision
     it computes in (`openvino_genai`: the precision OpenVINO GenAI's server reported)."""
@@ -480,69 +468,6 @@ def engine_labels(engine: str, args, openvino_genai: str = "") -> dict:
     return {"flags": spec.flags_text, "precision": precision, "base": spec.base}
 
 
-def build_workloads(args, tokenizer, stories: list[str]) -> tuple[dict, dict]:
-    """Every request the run sends, keyed "WORKLOAD RATE" (and "WORKLOAD warm-up"; "... structured" for the
-    structured mix): ("requests", items, texts, prompt token counts) or ("conversations", conversations); and what
-    the results say of each workload (token counts)."""
-
-    def encode(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    corpus_ids = encode("\n\n".join(stories))
-    prefix = conversations.system_prefix_ids(encode, conversations.system_text(), args.prefix_tokens)
-    separator = tuple(encode("\n\n"))
-    utterances = conversations.dialogue_utterances()
-    schema = workload.structured_schema(workload.length_bounds(args.output_len, args.range_ratio)[1])
-    made, described = {}, {}
-    # Every rate (and the warm-up) gets prompts of its own, drawn with a seed of its own: a server that keeps the
-    # KV cache of prompts it has seen (llama-server, vLLM's prefix caching) would otherwise answer a rate's prompts
-    # from the cache of the rate before. Only the shared-prefix workload's system prompt is the same throughout.
-    for name in args.workloads:
-        warm_up = name != "multi-turn"  # a shared prefix is warmed as a deployed server's system prompt would be
-        for index, rate in enumerate(["warm-up", *args.rates]):
-            if rate == "warm-up" and not warm_up:
-                continue
-            count, arrival = (2, math.inf) if rate == "warm-up" else (args.num_prompts, rate)
-            seed = args.seed + 1000 * index
-            if name == "multi-turn":
-                chats = conversations.make_conversations(
-                    utterances, args.conversations or max(1, args.num_prompts // args.turns), args.turns,
-                    args.output_len, args.range_ratio, rate, seed, args.burstiness, args.think_time,
-                )  # fmt: skip
-                made[f"{name} {rate}"] = ("conversations", chats)
-                continue
-            draw = (args.input_len, args.output_len, args.range_ratio, arrival, seed, args.burstiness)
-            if name == "shared-prefix":
-                items = conversations.make_shared_prefix_workload(prefix, corpus_ids, count, *draw, separator)
-            else:
-                items = make_workload(corpus_ids, count, *draw)
-            texts = [tokenizer.decode(item.prompt_ids) for item in items]
-            counts = [len(encode(text)) for text in texts]
-            made[f"{name} {rate}"] = ("requests", items, texts, counts)
-            if args.structured_share and name == "independent":  # a share with the one schema (the warm-up compiles it)
-                share = 0.5 if rate == "warm-up" else args.structured_share
-                mixed = workload.with_structured_share(items, share, seed, schema)
-                made[f"{name} {rate} structured"] = ("requests", mixed, texts, counts)
-        measured = [count for key, (kind, *parts) in made.items() if key.startswith(name + " ") and kind == "requests"
-                    and "warm-up" not in key for count in parts[2]]  # fmt: skip
-        described[name] = {"prompt_tokens_mean": statistics.mean(measured)} if measured else {}
-    if "shared-prefix" in args.workloads:
-        described["shared-prefix"]["prefix_tokens"] = len(prefix)
-    if "multi-turn" in args.workloads:
-        described["multi-turn"] = {"conversations": args.conversations or max(1, args.num_prompts // args.turns)}
-    return made, described
-
-
-def send(server, engine: str, sent: tuple, count_tokens) -> list:
-    kind, *parts = sent
-    if kind == "conversations":
-        chats = parts[0]
-        return asyncio.run(
-            conversations.run_conversations(server.url, engine, chats, server.fixed_length, count_tokens)
-        )
-    return asyncio.run(run_workload(server.url, engine, *parts, server.fixed_length))
-
-
 def measure(server, engine: str, round_index: int, args, workloads: dict, count_tokens):
     """Every workload at every rate on one started server, warm-ups first; yields each run's results entry (with
     the load average before and after it, under "load")."""
@@ -553,14 +478,16 @@ def measure(server, engine: str, round_index: int, args, workloads: dict, count_
         mixes = (mixes[::-1] if round_index % 2 else mixes) or ("plain",)
         warm_up = f"{name} warm-up" + (" structured" if "structured" in mixes else "")
         if warm_up in workloads:
-            send(server, engine, workloads[warm_up], count_tokens)
+            conversations.send(server, engine, workloads[warm_up], count_tokens)
         for rate, mix in [(rate, mix) for rate in args.rates for mix in mixes]:
             sent = workloads[f"{name} {rate}" + (" structured" if mix == "structured" else "")]
             load = os.getloadavg()[0]
             before = workload.server_seconds(server.url) if is_vaswani else {}
-            records = send(server, engine, sent, count_tokens)
+            records = conversations.send(server, engine, sent, count_tokens)
             entry = workload.run_entry(records, round=round_index, engine=engine, rate=str(rate), workload=name)
             entry["load"] = [load, os.getloadavg()[0]]
+            if is_vaswani:  # the prefix cache's counters so far (queried and hit tokens), where the server has one
+                entry["prefix_cache"] = server.settings().get("prefix_cache")
             if name == "multi-turn":  # the turns that resend an earlier one: where a prefix cache can help
                 entry["later_turns"] = workload.summarize([r for i, r in enumerate(records) if i % args.turns])
             if args.structured_share:

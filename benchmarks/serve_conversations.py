@@ -13,6 +13,9 @@ chat template, which would differ between engines).
   the answer before it has completed (and `think_time` seconds after), its prompt the previous prompt, the answer
   the server gave and the next user turn (`next_turn_prompt`): each turn resends the conversation so far.
 
+`build_workloads` makes every request of a benchmark run (each workload at each rate, and its warm-up), `send` sends
+one such set to a started server.
+
 Everything is drawn from seeded generators: every server gets the same system prompt, suffixes, user turns, answer
 lengths and arrival offsets. A multi-turn prompt holds the server's own answers, so its text differs between servers
 while its length in tokens does not (each answer is exactly its drawn length).
@@ -25,8 +28,10 @@ while its length in tokens does not (each answer is exactly its drawn length).
 """
 
 import asyncio
+import math
 import random
 import re
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -39,6 +44,9 @@ from benchmarks.serve_workload import (
     length_bounds,
     make_workload,
     one_request,
+    run_workload,
+    structured_schema,
+    with_structured_share,
 )
 
 TEXTS = Path(__file__).resolve().parent / "texts"
@@ -199,3 +207,78 @@ async def run_conversations(
             *(converse(http, model, chat, fixed_length, count_tokens, start) for chat in conversations)
         )
     return [record for records in per_conversation for record in records]
+
+
+# ------------------------------------------------------------------------------------------------ the benchmark's requests
+
+
+def build_workloads(args, tokenizer, stories: list[str]) -> tuple[dict, dict]:
+    """Every request the run sends, keyed "WORKLOAD RATE" (and "WORKLOAD warm-up"; "... structured" for the
+    structured mix): ("requests", items, texts, prompt token counts) or ("conversations", conversations); and what
+    the results say of each workload (token counts)."""
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    corpus_ids = encode("\n\n".join(stories))
+    prefix = system_prefix_ids(encode, system_text(), args.prefix_tokens)
+    separator = tuple(encode("\n\n"))
+    utterances = dialogue_utterances()
+    schema = structured_schema(length_bounds(args.output_len, args.range_ratio)[1])
+    made, described = {}, {}
+    # Every rate (and the warm-up) gets prompts of its own, drawn with a seed of its own: a server that keeps the
+    # KV cache of prompts it has seen (llama-server, vLLM's prefix caching) would otherwise answer a rate's prompts
+    # from the cache of the rate before. Only the shared-prefix workload's system prompt is the same throughout.
+    for name in args.workloads:
+        # Each workload is warmed up with two requests of its own (a shared prefix as a deployed server's system
+        # prompt would be; multi-turn with two independent prompts).
+        for index, rate in enumerate(["warm-up", *args.rates]):
+            count, arrival = (2, math.inf) if rate == "warm-up" else (args.num_prompts, rate)
+            seed = args.seed + 1000 * index
+            if name == "multi-turn" and rate != "warm-up":
+                chats = make_conversations(
+                    utterances, args.conversations or max(1, args.num_prompts // args.turns), args.turns,
+                    args.output_len, args.range_ratio, rate, seed, args.burstiness, args.think_time,
+                )  # fmt: skip
+                made[f"{name} {rate}"] = ("conversations", chats)
+                continue
+            draw = (args.input_len, args.output_len, args.range_ratio, arrival, seed, args.burstiness)
+            if name == "shared-prefix":
+                items = make_shared_prefix_workload(prefix, corpus_ids, count, *draw, separator)
+            else:
+                items = make_workload(corpus_ids, count, *draw)
+            texts = [tokenizer.decode(item.prompt_ids) for item in items]
+            counts = [len(encode(text)) for text in texts]
+            made[f"{name} {rate}"] = ("requests", items, texts, counts)
+            if args.structured_share and name == "independent":  # a share with the one schema (the warm-up compiles it)
+                share = 0.5 if rate == "warm-up" else args.structured_share
+                mixed = with_structured_share(items, share, seed, schema)
+                made[f"{name} {rate} structured"] = ("requests", mixed, texts, counts)
+        measured = [count for key, (kind, *parts) in made.items() if key.startswith(name + " ") and kind == "requests"
+                    and "warm-up" not in key for count in parts[2]]  # fmt: skip
+        described[name] = {"prompt_tokens_mean": statistics.mean(measured)} if measured else {}
+    if "shared-prefix" in args.workloads:
+        described["shared-prefix"]["prefix_tokens"] = len(prefix)
+    if "multi-turn" in args.workloads:
+        described["multi-turn"] = {"conversations": args.conversations or max(1, args.num_prompts // args.turns)}
+    return made, described
+
+
+def send(server, engine: str, sent: tuple, count_tokens) -> list:
+    kind, *parts = sent
+    if kind == "conversations":
+        chats = parts[0]
+        return asyncio.run(run_conversations(server.url, engine, chats, server.fixed_length, count_tokens))
+    return asyncio.run(run_workload(server.url, engine, *parts, server.fixed_length))
+
+
+def chat_prompt_lengths(runs: list[dict], turns: int) -> dict:
+    """The mean prompt tokens of the multi-turn requests sent so far, and of the last turns alone (the prompts grow
+    with the answers, so they are known only once sent)."""
+    sent = [request for run in runs if run.get("workload") == "multi-turn" for request in run["requests"]]
+    every = [request["prompt_tokens"] for request in sent if request["error"] is None]
+    last = [
+        request["prompt_tokens"] for i, request in enumerate(sent) if i % turns == turns - 1 and not request["error"]
+    ]
+    return {"prompt_tokens_mean": statistics.mean(every) if every else math.nan,
+            "last_turn_tokens_mean": statistics.mean(last) if last else math.nan}  # fmt: skip

@@ -407,3 +407,30 @@ def test_a_multi_turn_run_on_vaswani_serve_resends_each_answer(tiny_chat_pair):
         for before, after in zip(turns, turns[1:]):
             assert after.sent >= before.chunks[-1]  # sent once the answer before it completed
             assert after.prompt_tokens > before.prompt_tokens + before.output_tokens - 2  # the answer, re-tokenized
+
+
+def test_a_run_builds_every_workload_at_every_rate_with_a_warm_up_each():
+    """benchmark_serve_mixed's requests: per workload a warm-up and each rate; the shared-prefix texts all open with
+    the same system prompt; multi-turn has --num-prompts / --turns conversations per rate."""
+    import argparse
+
+    from serving_cases import tiny_chat_tokenizer
+
+    from vaswani.data import corpus_stories
+
+    args = argparse.Namespace(
+        workloads=list(conversations.WORKLOADS), rates=[2.0, math.inf], num_prompts=8, input_len=32, output_len=8,
+        range_ratio=0.5, seed=0, burstiness=1.0, prefix_tokens=1000, turns=2, conversations=0, think_time=0.0,
+        structured_share=0.0,
+    )  # fmt: skip
+    tokenizer = tiny_chat_tokenizer()
+    made, described = conversations.build_workloads(args, tokenizer, corpus_stories()[:200])
+    expected = {f"{name} {rate}" for name in conversations.WORKLOADS for rate in ("warm-up", 2.0, math.inf)}
+    assert set(made) == expected
+    _, items, texts, counts = made["shared-prefix 2.0"]
+    prefix = tokenizer.decode(items[0].prompt_ids[: described["shared-prefix"]["prefix_tokens"]])
+    assert all(text.startswith(prefix) for text in texts) and len(texts) == 8
+    assert 500 <= described["shared-prefix"]["prefix_tokens"] <= 1000
+    kind, chats = made["multi-turn inf"]
+    assert kind == "conversations" and len(chats) == 4 and all(len(chat.user_turns) == 2 for chat in chats)
+    assert made["multi-turn warm-up"][0] == "requests"
