@@ -123,7 +123,7 @@ def start_server(folder: str, args) -> tuple[subprocess.Popen, str]:
         "--threads",
         str(args.threads),
     ]
-    command += ["--max-batch", str(max(args.clients)), "--prefill-chunk", str(args.prefill_chunk)]
+    command += ["--max-batch", str(max(args.clients)), "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     # Warnings only: the access log (a line per request at info) would fill the stderr pipe, read only on failure,
     # and stall the server.
     command += ["--log-level", "warning"]
@@ -290,7 +290,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--prefill-chunk", type=int, default=32)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=256, help="vaswani serve's token budget")
     parser.add_argument("--markdown", help="write the table here")
     parser.add_argument("--json", type=Path, help="raw results and tables as JSON; the page is rendered from it")
     parser.add_argument("--offline-worker", help=argparse.SUPPRESS)

@@ -250,10 +250,12 @@ def io_bound(folders):
 @pytest.mark.parametrize("binding", ["numpy", "io-binding"])
 def test_prompts_prefilled_together_get_generates_tokens(offline, io_bound, tokenizer, chunk, binding):
     """Prompts of different lengths, left-padded into one prefill group: in one call (nothing running), or fed
-    `chunk` tokens at a time between the decoding steps of a sequence that is already running; with the cache in
+    `chunk` columns at a time between the decoding steps of a sequence that is already running (the token budget
+    that leaves 3 rows x 5 columns beside the running row and the group's own first step); with the cache in
     ONNX Runtime's numpy arrays (the CPU's lean loop) or in torch tensors bound by pointer (the CUDA path)."""
     step_model = RecordingStepModel(offline if binding == "numpy" else io_bound)
-    engine = Scheduler(step_model, max_batch=4 if chunk else 8, prefill_chunk=chunk or 32)
+    budget = 1 + 3 + 3 * chunk if chunk else 256
+    engine = Scheduler(step_model, max_batch=4 if chunk else 8, max_num_batched_tokens=budget)
     prompts = [chat_prompt(tokenizer, question) for question in QUESTIONS[:5]]
     answers, finished = {i: [] for i in range(len(prompts) + 1)}, threading.Semaphore(0)
 

@@ -119,6 +119,7 @@ def test_16_concurrent_chats_on_each_export_form_get_generates_answers(form, exp
         assert response.status_code == 200, response.text
         if index % 2:
             events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+            assert all("choices" in event for event in events), events
             return "".join(event["choices"][0]["delta"].get("content", "") for event in events if event["choices"])
         return response.json()["choices"][0]["message"]["content"]
 
@@ -221,7 +222,7 @@ def test_engine_on_the_gqa_form_prefills_in_chunks_beside_running_rows(offline, 
     `generate`."""
     model = offline("int4")
     step = RecordingGqaStepModel(model)
-    engine = Scheduler(step, max_batch=8, prefill_chunk=5)
+    engine = Scheduler(step, max_batch=8, max_num_batched_tokens=1 + 5 + 5 * 5)  # 5 columns for 5 rows beside 1
     prompts = [chat_prompt(tokenizer, question) for question in QUESTIONS[:5]]
     lengths = [7, 30, 3, 18, 12]
     answers, finished = {i: [] for i in range(len(prompts) + 1)}, threading.Semaphore(0)

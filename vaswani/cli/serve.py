@@ -3,6 +3,7 @@
 import argparse
 import logging
 import os
+import re
 import sys
 
 from .options import add_runtime_arguments
@@ -20,6 +21,21 @@ EPILOG = (
 
 # vLLM's names of the tool-call formats (serving.tools.TOOL_CALL_PARSERS; not imported: `--help` loads no server).
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json")
+
+
+SIZE_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
+def byte_size(text: str) -> int:
+    """A byte count as `--prefix-cache-bytes` takes it: an integer, or a number with a unit (K, M, G: powers of 1000;
+    KiB, MiB, GiB: powers of 1024), e.g. "512MiB", "2G"."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg](?:i?b)?|)\s*", str(text), re.IGNORECASE)
+    unit = match.group(2).lower() if match else None
+    if unit is not None and unit.endswith("b") and not unit.endswith("ib"):
+        unit = unit[:-1]  # "MB" as "M"
+    if match is None or unit not in SIZE_UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; give bytes or a number with a unit, e.g. 1GiB.")
+    return int(float(match.group(1)) * SIZE_UNITS[unit])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,11 +100,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch", type=int, default=16, help="sequences decoded together at most (16)")
     parser.add_argument("--max-waiting", type=int, default=64, help="requests queued at most; more get 429 (64)")
     parser.add_argument(
-        "--prefill-chunk",
+        "--max-num-batched-tokens",
         type=int,
-        default=32,
-        help="prompt tokens fed between two decoding steps while others run, times the joining prompts per running "
-        "sequence (32)",
+        default=256,  # serving.scheduler.DEFAULT_MAX_NUM_BATCHED_TOKENS
+        help="tokens computed per scheduler step at most: one per running sequence, and a chunk of waiting prompts "
+        "with the rest, so a long prompt delays running streams by one chunk per token (256; at least --max-batch)",
+    )
+    parser.add_argument(
+        "--prefix-cache-bytes",
+        type=byte_size,
+        default="1GiB",  # serving.prefix_cache.DEFAULT_MAX_BYTES
+        metavar="SIZE",
+        help="keep the keys and values of up to SIZE of prompt prefixes (a shared system prompt, a chat so far) so that "
+        "later prompts starting the same way compute only the rest; bytes, or with a unit: 512MiB, 2GiB (1GiB; 0: off)",
     )
     parser.add_argument(
         "--tool-call-parser",
@@ -142,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
         name=args.model_name,
         max_batch=args.max_batch,
         max_waiting=args.max_waiting,
-        prefill_chunk=args.prefill_chunk,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        prefix_cache_bytes=args.prefix_cache_bytes,
         tool_call_parser=None if args.tool_call_parser == "auto" else args.tool_call_parser,
     )
     # Ray's replicas and the PyTorch backend run ONNX Runtime or PyTorch only; "auto" falls back to ONNX Runtime there.

@@ -15,6 +15,9 @@ Names follow Prometheus' conventions (`_total` counters, `_seconds` histograms) 
   carried it (`response_format`, `structured_outputs`, `guided_json`, ..., `tool_choice`).
 - `vaswani_grammar_compile_seconds`: compiling a request's constraint (a grammar seen before comes from the cache).
 - `vaswani_tool_calls_total`: tool calls returned to clients.
+- `vaswani_prefix_cache_queries_total`, `vaswani_prefix_cache_hits_total`: prompt tokens looked up in the prefix cache
+  and found there (vLLM's pair: the hit rate is their ratio); `vaswani_prefix_cache_bytes`: the keys and values it
+  holds; `vaswani_prefix_cache_evictions_total`: blocks evicted under its budget. Present where the cache is on.
 
     >>> metrics = ServerMetrics(service)
     >>> metrics.render()  # the text format, for GET /metrics
@@ -23,6 +26,7 @@ Names follow Prometheus' conventions (`_total` counters, `_seconds` histograms) 
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -84,6 +88,29 @@ class ServerMetrics:
             alive = Gauge("vaswani_engine_alive", "1 while the engine thread runs, else 0.", registry=registry)
             alive.set_function(lambda: float(scheduler.alive))
             scheduler.step_listeners.append(self.batch_size.observe)
+            if scheduler.prefix_cache is not None:
+                registry.register(PrefixCacheCollector(scheduler.prefix_cache))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class PrefixCacheCollector:
+    """The prefix cache's counts, read at each scrape (the scheduler thread keeps them; a counter of our own would
+    need a second count kept beside them)."""
+
+    def __init__(self, cache: Any):
+        self.cache = cache
+
+    def describe(self):
+        return []  # the families are known only at collection; the registry then checks nothing up front
+
+    def collect(self):
+        cache = self.cache
+        for name, text, value in (
+            ("queries", "Prompt tokens looked up in the prefix cache.", cache.queried_tokens),
+            ("hits", "Prompt tokens found in the prefix cache (computed no more).", cache.hit_tokens),
+            ("evictions", "Blocks evicted from the prefix cache under its byte budget.", cache.evicted_blocks),
+        ):
+            yield CounterMetricFamily(f"vaswani_prefix_cache_{name}", text, value=value)
+        yield GaugeMetricFamily("vaswani_prefix_cache_bytes", "Bytes of keys and values held.", value=cache.bytes)

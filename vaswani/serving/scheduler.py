@@ -3,12 +3,17 @@
 A submitted sequence waits in a bounded queue (`QueueFull` past it: the server answers 429), is prefilled apart from
 the running batch, together with the other waiting prompts that fit (a `Prefill` of the step model, at most
 `max_prefill_tokens` padded tokens), joins the running batch at the next step and leaves it as soon as it finishes or
-its client goes away, without waiting for the others (its `Batch`). While sequences are running, the
-prompts are fed in chunks, one chunk between two decoding steps, so that joining prompts delay the running sequences
-by one chunk's time per step instead of by their whole prefill; a chunk holds `prefill_chunk` tokens times the
-number of joining prompts per running sequence (rounded up), so that a burst of new requests is not fed a few tokens
-per step beside one running sequence. With nothing running, the prompts are prefilled in one call, as offline
-`generate` prefills a batch.
+its client goes away, without waiting for the others (its `Batch`).
+
+**The token budget** (`max_num_batched_tokens`, vLLM's chunked prefill): each iteration of the loop computes at most
+that many tokens: one per running sequence (a decoding step) and, with what is left, a chunk of the prompts being
+prefilled. So a long prompt never stalls the running streams for more than one chunk per token, and a burst of new
+requests is fed as fast as the budget allows. Each iteration's share is kept in `step_log`.
+
+**The prefix cache** (`prefix_cache`, `prefix_cache.PrefixCache`): a prompt whose first blocks of tokens were seen
+before (a shared system prompt, the conversation so far) is prefilled from their cached keys and values and computes
+only the rest. Prompts are stored when their prefill ends, and whole sequences when they leave. A waiting prompt that
+shares uncached blocks with one already in the group being formed waits for the next group, which finds them cached.
 
 Tokens are chosen per row by `sampling.choose_tokens`: greedy (argmax, as `generate`'s greedy search) or sampled as
 `generate` samples, from the row's own random generator (its `seed`), so rows never influence each other's tokens; a
@@ -17,7 +22,7 @@ row whose choice fails ends alone, with an error event, and the others go on.
 Each new token is handed to the sequence's `emit` callback on the scheduler thread; the server's callback moves it to
 its asyncio loop. ONNX Runtime releases the GIL while a step runs, so the event loop serves HTTP meanwhile.
 
-    >>> scheduler = Scheduler(model.decoder_runtime.step_model(), max_batch=16)
+    >>> scheduler = Scheduler(model.decoder_runtime.step_model(), max_batch=16, prefix_cache=PrefixCache())
     >>> scheduler.start()
     >>> scheduler.submit(prompt_ids, SamplingParams(max_tokens=64, temperature=0.0), emit=print)
 """
@@ -31,16 +36,23 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ..constraints import fill_masks
 from .batches import Batch, Prefill
+from .prefix_cache import PrefixCache
 from .sampling import RowSampler, SamplingParams, TokenChoice, TokenLogprobs
 from .sampling import choose_tokens as choose_row_tokens
 
 log = logging.getLogger(__name__)
+
+# Tokens computed per iteration at most (decode tokens and a prompt chunk): measured on a 2-core CPU with
+# SmolLM2-135M (benchmarks/benchmark_serve_mixed.py), where larger chunks raised inter-token latency more than they
+# lowered time to first token.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 256
 
 
 class QueueFull(Exception):
@@ -74,6 +86,7 @@ class Sequence:
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
     finished: bool = False
+    cached: int = 0  # prompt tokens found in the prefix cache
 
     def __post_init__(self) -> None:
         self.sampler = RowSampler(self.prompt, self.params)
@@ -92,18 +105,31 @@ class Scheduler:
             (`new_batch`) and the prefill groups (`prefill_group`), and knows `vocab_size` and `context_length`.
         max_batch: sequences decoded together at most; more wait.
         max_waiting: sequences waiting at most; `submit` raises `QueueFull` past it.
-        prefill_chunk: prompt tokens (over all prompts of a group) fed between two decoding steps while sequences
-            are running, times the group's rows per running sequence (rounded up); at least one column.
+        max_num_batched_tokens: tokens computed per iteration at most: a decoding step's (one per running
+            sequence) and a chunk of prompts (the rest); at least `max_batch`.
+        prefix_cache: where prompt prefixes' keys and values are kept for later prompts (None: nowhere).
         max_prefill_tokens: padded prompt tokens prefilled together at most (a longer prompt is prefilled alone).
     """
 
     def __init__(
-        self, model, max_batch: int = 16, max_waiting: int = 64, prefill_chunk: int = 32, max_prefill_tokens: int = 2048
+        self,
+        model,
+        max_batch: int = 16,
+        max_waiting: int = 64,
+        max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        prefix_cache: PrefixCache | None = None,
+        max_prefill_tokens: int = 2048,
     ):
-        if max_batch < 1 or max_waiting < 0 or prefill_chunk < 1:
-            raise ValueError("max_batch and prefill_chunk must be at least 1 and max_waiting at least 0.")
+        if max_batch < 1 or max_waiting < 0:
+            raise ValueError("max_batch must be at least 1 and max_waiting at least 0.")
+        if max_num_batched_tokens < max_batch:
+            raise ValueError(
+                f"max_num_batched_tokens ({max_num_batched_tokens}) must be at least max_batch ({max_batch}): a "
+                "decoding step of a full batch computes one token per sequence."
+            )
         self.model = model
-        self.max_batch, self.max_waiting, self.prefill_chunk = max_batch, max_waiting, prefill_chunk
+        self.max_batch, self.max_waiting = max_batch, max_waiting
+        self.max_num_batched_tokens, self.prefix_cache = max_num_batched_tokens, prefix_cache
         self.max_prefill_tokens = max_prefill_tokens
         self.waiting: deque[Sequence] = deque()
         self.prefilling: Prefill | None = None
@@ -123,7 +149,11 @@ class Scheduler:
         # Seconds spent in each part of the loop, for /health and the benchmark: the graph's calls (prefill, decode)
         # against the batching work around them (join: merging prefilled rows in; leave: dropping rows, trimming).
         # grammar: waiting for the grammars' masks after the step (they are computed during it).
-        self.seconds = dict.fromkeys(("prefill", "decode", "join", "leave", "sampling", "grammar"), 0.0)
+        # prefix_cache: looking prompts up and storing their blocks.
+        self.seconds = dict.fromkeys(("prefill", "decode", "join", "leave", "sampling", "grammar", "prefix_cache"), 0.0)
+        # Each iteration's tokens, for tests and the benchmark: (prompt tokens fed, sequences decoded), the latest
+        # ones (a prompt's chunk and the decoding step after it share an entry).
+        self.step_log: deque[tuple[int, int]] = deque(maxlen=4096)
         self.mask_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vaswani-grammar")
 
     # -- the API the server calls, from any thread
@@ -162,7 +192,10 @@ class Scheduler:
         prefilling_group = self.prefilling  # once, as in `busy`
         prefilling = len(prefilling_group.rows) if prefilling_group else 0
         seconds = {part: round(value, 4) for part, value in self.seconds.items()}
-        return {"running": len(self.batch), "prefilling": prefilling, "waiting": len(self.waiting), "seconds": seconds}
+        stats = {"running": len(self.batch), "prefilling": prefilling, "waiting": len(self.waiting), "seconds": seconds}
+        if self.prefix_cache is not None:
+            stats["prefix_cache"] = self.prefix_cache.stats()
+        return stats
 
     def start(self) -> "Scheduler":
         if self.thread is None:
@@ -217,19 +250,39 @@ class Scheduler:
                 self._fail_all(f"{type(error).__name__}: {error}")
 
     def _next_group(self) -> Prefill:
-        """The waiting sequences that fit in the free slots and in `max_prefill_tokens` (the first always does)."""
-        group = [self.waiting.popleft()]
-        longest = len(group[0].prompt)
+        """The waiting sequences that fit in the free slots and in `max_prefill_tokens` (the first always does), with
+        their cached prefixes; one that shares uncached blocks with a sequence of the group waits for the next."""
+        group, prefixes, deferred, longest = [], [], [], 0
         while self.waiting and self.busy + len(group) < self.max_batch:
             longer = max(longest, len(self.waiting[0].prompt))
-            if longer * (len(group) + 1) > self.max_prefill_tokens:
+            if group and longer * (len(group) + 1) > self.max_prefill_tokens:
                 break
-            group.append(self.waiting.popleft())
+            sequence = self.waiting.popleft()
+            if self.prefix_cache is not None and self.shares_uncached_blocks(sequence, group):
+                deferred.append(sequence)
+                continue
+            group.append(sequence)
             longest = longer
-        return self.model.prefill_group(group, [sequence.prompt for sequence in group])
+            if self.prefix_cache is not None:
+                with self.timed("prefix_cache"):
+                    sequence.cached, prefix = self.prefix_cache.lookup(sequence.prompt)
+                prefixes.append(prefix)
+        self.waiting.extendleft(reversed(deferred))
+        prompts = [sequence.prompt for sequence in group]
+        return self.model.prefill_group(group, prompts, prefixes if any(p is not None for p in prefixes) else None)
+
+    def shares_uncached_blocks(self, sequence: Sequence, group: list[Sequence]) -> bool:
+        """Whether `sequence`'s prompt starts with a full block that a member of `group` also starts with and the
+        prefix cache does not hold: computing it twice in one group is work the next group gets for free."""
+        block = self.prefix_cache.block_size
+        first = sequence.prompt[:block]
+        if len(first) < block or not any(member.prompt[:block] == first for member in group):
+            return False
+        return not self.prefix_cache.holds(first)
 
     def _iteration(self) -> None:
         self._drop_cancelled_waiting()
+        self.fed = self.decoded = 0  # prompt tokens and sequences decoded this iteration (set by the steps)
         group = self.prefilling
         if group is not None:
             if all(sequence.cancelled for sequence in group.rows):
@@ -244,6 +297,7 @@ class Scheduler:
                         self._finish(sequence, Event(None, "error", f"{type(error).__name__}: {error}"))
         if self.batch.rows:
             self._decode_step()
+        self.step_log.append((self.fed, self.decoded))
 
     def _drop_cancelled_waiting(self) -> None:
         if any(sequence.cancelled for sequence in self.waiting):
@@ -251,23 +305,25 @@ class Scheduler:
                 self.waiting = deque(sequence for sequence in self.waiting if not sequence.cancelled)
 
     def _prefill(self, group: Prefill) -> None:
-        """One chunk of the group's prompts (all of them when nothing else runs); after the last chunk, their first
-        tokens, and they join the batch."""
-        columns = group.columns
-        if self.batch.rows:
-            # The chunk grows with the number of prompts waiting per running sequence: a burst of new requests
-            # beside one running sequence should not trickle in a few tokens per step, a lone newcomer beside a
-            # full batch should.
-            budget = self.prefill_chunk * -(-len(group.rows) // len(self.batch))
-            columns = max(1, budget // len(group.rows))
+        """One chunk of the group's prompts: as many columns as the token budget leaves after the running sequences'
+        decoding step; after the last chunk, their first tokens, and they join the batch."""
+        # The rows of the group decode in this iteration too when this chunk is their last.
+        budget = self.max_num_batched_tokens - len(self.batch) - len(group.rows)
+        columns = max(1, budget // len(group.rows))
+        start = group.filled
         with self.timed("prefill"):
             logits = group.run(columns)
+        self.fed = len(group.rows) * (group.filled - start)
         if not group.done:
             return
         self.prefilling = None
         with self.timed("sampling"):
             tokens = choose_tokens(logits, group.rows)
         self._accept(group.rows, tokens)
+        if self.prefix_cache is not None:
+            with self.timed("prefix_cache"):
+                for row, sequence in enumerate(group.rows):
+                    self.prefix_cache.store(sequence.prompt, partial(group.row_cache, row))
         keep = [i for i, sequence in enumerate(group.rows) if not (sequence.finished or sequence.cancelled)]
         with self.timed("join"):
             self.batch.join(group, keep)
@@ -279,6 +335,7 @@ class Scheduler:
         rows = self.batch.rows
         if not rows:
             return
+        self.decoded = len(rows)
         tokens = np.array([sequence.generated[-1] for sequence in rows], dtype=np.int64)
         # The grammars' masks for this step's tokens are computed beside the step (llguidance and ONNX Runtime both
         # release the GIL), off the critical path as vLLM computes them.
@@ -293,6 +350,12 @@ class Scheduler:
         with self.timed("sampling"):
             tokens = choose_tokens(logits, rows)
         self._accept(rows, tokens)
+        if self.prefix_cache is not None:
+            with self.timed("prefix_cache"):
+                for row, sequence in enumerate(rows):
+                    if sequence.finished:  # its tokens but the last, which was never fed
+                        fed = sequence.prompt + sequence.generated[:-1]
+                        self.prefix_cache.store(fed, partial(self.batch.row_cache, row))
         with self.timed("leave"):
             self.batch.keep([i for i, sequence in enumerate(rows) if not sequence.finished])
 

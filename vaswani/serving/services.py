@@ -7,6 +7,7 @@ feature-extraction export) or classify (a text-classification export), with its 
 """
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,13 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from ..constraints import CompiledGrammar, Grammar, compile_grammar, grammar_vocabulary
 from .batches import TorchStepModel, context_length
+from .prefix_cache import DEFAULT_MAX_BYTES as DEFAULT_PREFIX_CACHE_BYTES
+from .prefix_cache import PrefixCache
 from .protocol import OpenAIError
-from .scheduler import Scheduler
+from .scheduler import DEFAULT_MAX_NUM_BATCHED_TOKENS, Scheduler
 from .tools import TOOL_CALL_PARSERS, ToolCallFormat, tool_call_format
+
+log = logging.getLogger(__name__)
 
 
 class GenerationService:
@@ -186,7 +191,8 @@ def load_service(
     name: str | None = None,
     max_batch: int = 16,
     max_waiting: int = 64,
-    prefill_chunk: int = 32,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     engine: str = "onnxruntime",
     openvino_precision: str = "auto",
     tool_call_parser: str | None = None,
@@ -198,7 +204,9 @@ def load_service(
     "openvino" runs a text-generation export's prompt steps, and decode steps where faster, in OpenVINO in
     `openvino_precision`). A text-generation export is served by its decoder runtime's step model and batch kind
     (`model.decoder_runtime.step_model()`); `tool_call_parser` names the format its tool calls are parsed in
-    ("hermes", "llama3_json"; default: the one its chat template shows). The scheduler is not started."""
+    ("hermes", "llama3_json"; default: the one its chat template shows). The scheduler computes at most
+    `max_num_batched_tokens` tokens per iteration (decode tokens and a prompt chunk) and keeps prompt prefixes' keys
+    and values in a prefix cache of `prefix_cache_bytes` (0: none). The scheduler is not started."""
     if tool_call_parser not in (None, "auto", *TOOL_CALL_PARSERS):
         choices = ", ".join(["auto", *TOOL_CALL_PARSERS])
         raise ValueError(f"Unknown tool call parser {tool_call_parser!r}; use one of {choices}.")
@@ -228,7 +236,9 @@ def load_service(
         if task in EncoderService.kinds:
             return EncoderService(name, tokenizer, model, task)
         step_model = model.decoder_runtime.step_model()
-        scheduler = Scheduler(step_model, max_batch, max_waiting, prefill_chunk)
+        scheduler = Scheduler(
+            step_model, max_batch, max_waiting, max_num_batched_tokens, prefix_cache(prefix_cache_bytes)
+        )
         return GenerationService(
             name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer), tool_call_parser
         )
@@ -240,11 +250,24 @@ def load_service(
         model = VaswaniForCausalLM.from_pretrained(folder)
         if provider == "cuda":
             model = model.to("cuda")
-        scheduler = Scheduler(TorchStepModel(model), max_batch, max_waiting, prefill_chunk)
+        scheduler = Scheduler(
+            TorchStepModel(model), max_batch, max_waiting, max_num_batched_tokens, prefix_cache(prefix_cache_bytes)
+        )
         return GenerationService(
             name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer), tool_call_parser
         )
     raise ValueError(f"backend must be 'onnx' or 'torch', got {backend!r}.")
+
+
+def prefix_cache(max_bytes: int) -> PrefixCache | None:
+    """The server's prefix cache of `max_bytes` (None for 0: caching off), logged either way."""
+    if max_bytes < 0:
+        raise ValueError(f"The prefix cache's size must be 0 (off) or more bytes, not {max_bytes}.")
+    if max_bytes == 0:
+        log.info("prefix caching is off (--prefix-cache-bytes 0)")
+        return None
+    log.info("prefix caching keeps up to %.0f MiB of prompt prefixes' keys and values", max_bytes / (1 << 20))
+    return PrefixCache(max_bytes)
 
 
 def resolve_folder(folder: str | os.PathLike) -> Path:

@@ -98,8 +98,10 @@ class GqaStepModel:
     def new_batch(self) -> "GqaBatch":
         return GqaBatch(self.decoder)
 
-    def prefill_group(self, rows: list[Any], prompts: list[list[int]]) -> "GqaPrefill":
-        return GqaPrefill(self.decoder, rows, prompts)
+    def prefill_group(
+        self, rows: list[Any], prompts: list[list[int]], prefixes: list[list[np.ndarray] | None] | None = None
+    ) -> "GqaPrefill":
+        return GqaPrefill(self.decoder, rows, prompts, prefixes)
 
 
 def kv_buffers(decoder: GqaDecoder, slots: int, capacity: int) -> list[torch.Tensor]:
@@ -111,20 +113,40 @@ def kv_buffers(decoder: GqaDecoder, slots: int, capacity: int) -> list[torch.Ten
 
 class GqaPrefill:
     """Prompts prefilled together into buffers of their own, each at the front of its row (right-padded), fed in
-    chunks of columns. The rows are held longest prompt first, so that the rows a chunk still feeds are always the
-    first ones: a contiguous view of the buffers, and no row is ever fed zero tokens."""
+    chunks of columns. The rows are held longest rest first, so that the rows a chunk still feeds are always the
+    first ones: a contiguous view of the buffers, and no row is ever fed zero tokens.
 
-    def __init__(self, decoder: GqaDecoder, rows: list[Any], prompts: list[list[int]]):
-        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+    A prompt whose first tokens' cache is given (`prefixes[i]`: (kv_heads, cached, head_dim) per cache tensor, from
+    the server's prefix cache) has it copied to the front of its row and feeds only the rest (its "rest"): the kernel
+    takes each row's own count of cached tokens.
+    """
+
+    def __init__(
+        self,
+        decoder: GqaDecoder,
+        rows: list[Any],
+        prompts: list[list[int]],
+        prefixes: list[list[np.ndarray] | None] | None = None,
+    ):
+        prefixes = prefixes or [None] * len(prompts)
+        cached = [0 if prefix is None else prefix[0].shape[1] for prefix in prefixes]
+        order = sorted(range(len(prompts)), key=lambda i: -(len(prompts[i]) - cached[i]))
         self.decoder = decoder
         self.rows = [rows[i] for i in order]
         self.lengths = np.array([len(prompts[i]) for i in order], dtype=np.int64)
-        self.ids = torch.zeros(len(order), int(self.lengths[0]), dtype=torch.int64)
+        self.cached = np.array([cached[i] for i in order], dtype=np.int64)
+        rests = self.lengths - self.cached
+        self.ids = torch.zeros(len(order), int(rests[0]), dtype=torch.int64)
         for row, i in enumerate(order):
-            self.ids[row, : len(prompts[i])] = torch.tensor(prompts[i])
-        self.buffers = kv_buffers(decoder, len(order), self.columns)
+            self.ids[row, : rests[row]] = torch.tensor(prompts[i][cached[i] :])
+        # The kernel wants room for each row's cached tokens and a whole chunk's width after them, padding included.
+        self.buffers = kv_buffers(decoder, len(order), int(self.cached.max()) + self.columns)
+        for row, i in enumerate(order):
+            if prefixes[i] is not None:
+                for buffer, array in zip(self.buffers, prefixes[i]):
+                    buffer[row, :, : cached[i]] = torch.as_tensor(array)
         self.logits = np.zeros((len(order), decoder.vocab), dtype=np.float32)
-        self.filled = 0  # columns fed
+        self.filled = 0  # columns of the rests fed
 
     @property
     def columns(self) -> int:
@@ -139,21 +161,27 @@ class GqaPrefill:
         return self.filled == self.columns
 
     def run(self, columns: int) -> np.ndarray:
-        """Feed the next `columns` columns of the rows whose prompts reach them; keep the logits of each prompt
-        whose last token is among them. Returns every row's logits so far (rows, vocab)."""
+        """Feed the next `columns` columns of the rows whose rests reach them; keep the logits of each prompt whose
+        last token is among them. Returns every row's logits so far (rows, vocab)."""
         start, end = self.filled, min(self.filled + columns, self.columns)
-        active = int((self.lengths > start).sum())  # a prefix: longest first
-        lengths = torch.from_numpy(self.lengths[:active])
-        query = lengths.clamp(max=end) - start
-        last = lengths - 1 - start  # each row's last prompt token, as a column of this chunk
+        rests = torch.from_numpy(self.lengths - self.cached)
+        active = int((rests > start).sum())  # a prefix: longest rest first
+        rests = rests[:active]
+        query = rests.clamp(max=end) - start
+        last = rests - 1 - start  # each row's last prompt token, as a column of this chunk
         finishing = torch.nonzero(last < end - start).flatten()
         wanted = torch.unique(last[finishing]) if finishing.numel() else torch.zeros(1, dtype=torch.long)
         buffers = [buffer[:active] for buffer in self.buffers]
-        logits = self.decoder.run(self.ids[:active, start:end], query, start + query, buffers, wanted)
+        total = torch.from_numpy(self.cached[:active]) + start + query
+        logits = self.decoder.run(self.ids[:active, start:end], query, total, buffers, wanted)
         for row in finishing.tolist():
             self.logits[row] = logits[row, int(torch.searchsorted(wanted, last[row]))].numpy()
         self.filled = end
         return self.logits
+
+    def row_cache(self, row: int, start: int, stop: int) -> list[np.ndarray]:
+        """A copy of the cache of row `row`'s tokens [start, stop), (kv_heads, stop - start, head_dim) per tensor."""
+        return [buffer[row, :, start:stop].numpy().copy() for buffer in self.buffers]
 
 
 class GqaBatch:
@@ -248,6 +276,12 @@ class GqaBatch:
         # Written through numpy views: a few microseconds a step instead of torch's dispatch.
         self.tokens, self.seqlens = feeds["input_ids"].numpy(), feeds["seqlens_k"].numpy()
         self.total, self.logits = feeds["total_sequence_length"].numpy(), logits.numpy()[:, 0]
+
+    def row_cache(self, row: int, start: int, stop: int) -> list[np.ndarray]:
+        """A copy of the cache of row `row`'s tokens [start, stop), (kv_heads, stop - start, head_dim) per tensor."""
+        if stop > self.lengths[row]:
+            raise ValueError(f"row {row} holds {self.lengths[row]} tokens, not {stop}.")
+        return [buffer[row, :, start:stop].numpy().copy() for buffer in self.buffers]
 
     def keep(self, rows: list[int]) -> None:
         """Keep only the rows listed: each freed slot among the first len(rows) takes a kept row from beyond them

@@ -124,8 +124,10 @@ class PaddedStepModel:
     def new_batch(self) -> "RunningBatch":
         return RunningBatch(self)
 
-    def prefill_group(self, rows: list[Any], prompts: list[list[int]]) -> "PrefillGroup":
-        return PrefillGroup(self, rows, prompts)
+    def prefill_group(
+        self, rows: list[Any], prompts: list[list[int]], prefixes: list[list[Array] | None] | None = None
+    ) -> "PrefillGroup":
+        return PrefillGroup(self, rows, prompts, prefixes)
 
 
 class OrtStepModel(PaddedStepModel):
@@ -174,19 +176,39 @@ def context_length(config: Any) -> int:
 
 class PrefillGroup:
     """Prompts prefilled together: left-padded to the longest, fed in chunks of columns (`run`), so that one call
-    never holds more than a chosen number of tokens. Positions and mask as in `generate` (`positions_from_mask`)."""
+    never holds more than a chosen number of tokens. Positions and mask as in `generate` (`positions_from_mask`).
 
-    def __init__(self, model: PaddedStepModel, rows: list[Any], prompts: list[list[int]]):
+    A prompt whose first tokens' cache is given (`prefixes[i]`: (heads, cached, head_dim) per cache tensor, from the
+    server's prefix cache) feeds only the rest. The given caches start the group's cache, left-padded to the longest
+    of them, and the rest of each prompt follows left-padded to the longest rest: a row with a shorter rest has
+    padding between its two parts, which the mask zeroes as it zeroes left padding (attention reads the mask per
+    key, and positions count the attended tokens before each one).
+    """
+
+    def __init__(
+        self,
+        model: PaddedStepModel,
+        rows: list[Any],
+        prompts: list[list[int]],
+        prefixes: list[list[Array] | None] | None = None,
+    ):
         self.model, self.rows = model, rows
-        longest = max(len(prompt) for prompt in prompts)
+        prefixes = prefixes or [None] * len(prompts)
+        cached = [0 if prefix is None else prefix[0].shape[1] for prefix in prefixes]
+        rests = [prompt[count:] for prompt, count in zip(prompts, cached)]
+        longest, past = max(len(rest) for rest in rests), max(cached)
         self.ids = np.zeros((len(prompts), longest), dtype=np.int64)
-        self.mask = np.zeros((len(prompts), longest), dtype=np.int64)
-        for i, prompt in enumerate(prompts):
-            self.ids[i, longest - len(prompt) :] = prompt
-            self.mask[i, longest - len(prompt) :] = 1
-        self.positions = positions_from_mask(torch.from_numpy(self.mask)).numpy()
+        self.mask = np.zeros((len(prompts), past + longest), dtype=np.int64)
+        for i, (rest, count) in enumerate(zip(rests, cached)):
+            self.ids[i, longest - len(rest) :] = rest
+            self.mask[i, past - count : past] = 1
+            self.mask[i, past + longest - len(rest) :] = 1
+        self.positions = positions_from_mask(torch.from_numpy(self.mask)).numpy()[:, past:]
         self.cache = model.empty_cache(len(prompts))
-        self.filled = 0  # columns in `cache`
+        if past:
+            self.cache = [left_padded_prefixes(empty, prefixes, t, past) for t, empty in enumerate(self.cache)]
+        self.past = past  # cache columns before the prompts' rests
+        self.filled = 0  # columns of the rests in `cache`
 
     @property
     def columns(self) -> int:
@@ -203,7 +225,7 @@ class PrefillGroup:
     def run(self, columns: int) -> np.ndarray:
         """Feed the next `columns` columns; returns the logits of the last one (rows, vocab)."""
         start, end = self.filled, min(self.filled + columns, self.ids.shape[1])
-        chunk = (self.ids[:, start:end], self.mask[:, :end], self.positions[:, start:end])
+        chunk = (self.ids[:, start:end], self.mask[:, : self.past + end], self.positions[:, start:end])
         logits, self.cache = self.model.run(*(np.ascontiguousarray(array) for array in chunk), self.cache)
         self.filled = end
         return logits
@@ -212,6 +234,35 @@ class PrefillGroup:
         """The rows listed, with their cache and mask, to join a `RunningBatch`."""
         cache = self.cache if len(rows) == len(self.rows) else [take_rows(tensor, rows) for tensor in self.cache]
         return [self.rows[i] for i in rows], cache, self.mask[rows]
+
+    def row_cache(self, row: int, start: int, stop: int) -> list[Array]:
+        """A copy of the cache of row `row`'s tokens [start, stop) (counting its real tokens), (heads, stop - start,
+        head_dim) per cache tensor: for the server's prefix cache."""
+        return real_columns(self.cache, self.mask[:, : self.past + self.filled], row, start, stop)
+
+
+def left_padded_prefixes(empty: Array, prefixes: list[list[Array] | None], tensor: int, columns: int) -> Array:
+    """Cache tensor `tensor` of the given prefixes, one row each, left-padded to `columns` (zeros for a row without
+    one); `empty` is the empty batch's tensor, for its type and shape."""
+    _, heads, _, head_dim = empty.shape
+    rows = []
+    for prefix in prefixes:
+        if prefix is None:
+            rows.append(zeros(empty, (1, heads, columns, head_dim)))
+        else:
+            rows.append(pad_left(prefix[tensor][None], columns - prefix[tensor].shape[1]))
+    return concat(rows, axis=0)
+
+
+def real_columns(cache: list[Array], mask: np.ndarray, row: int, start: int, stop: int) -> list[Array]:
+    """The cache of row `row`'s real tokens [start, stop) under `mask` (batch, columns): a copy per tensor."""
+    columns = np.flatnonzero(mask[row])[start:stop]
+    if len(columns) != stop - start:
+        raise ValueError(f"row {row} holds {np.count_nonzero(mask[row])} tokens, not {stop}.")
+    if isinstance(cache[0], np.ndarray):
+        return [tensor[row][:, columns] for tensor in cache]
+    index = torch.from_numpy(columns).to(cache[0].device)
+    return [tensor[row].index_select(1, index) for tensor in cache]
 
 
 class RunningBatch:
@@ -267,6 +318,10 @@ class RunningBatch:
         self.cache = [take_rows(tensor, rows) for tensor in self.cache]
         self.mask = self.mask[rows]
         self.trim()
+
+    def row_cache(self, row: int, start: int, stop: int) -> list[Array]:
+        """A copy of the cache of row `row`'s tokens [start, stop), (heads, stop - start, head_dim) per tensor."""
+        return real_columns(self.cache, self.mask, row, start, stop)
 
     def trim(self, min_columns: int = 8) -> None:
         """Cut the leading columns that are padding in every row, when there are at least `min_columns` of them

@@ -15,6 +15,7 @@ class Prefill(Protocol):
     """Prompts prefilled together, apart from the running batch, before they join it."""
 
     rows: list[Any]  # the sequences, in the order of the logits `run` returns (a prefill may reorder them)
+    filled: int  # columns fed so far
 
     @property
     def columns(self) -> int:
@@ -32,6 +33,10 @@ class Prefill(Protocol):
         """Feed the next `columns` columns of the prompts; returns (rows, vocab) float32 logits, each row's last
         prompt token's once `done`."""
 
+    def row_cache(self, row: int, start: int, stop: int) -> list[Any]:
+        """Once `done`: a copy of the cache of `rows[row]`'s tokens [start, stop), (kv_heads, stop - start,
+        head_dim) per cache tensor (what the server's prefix cache keeps, and gives back as a prefix)."""
+
 
 class Batch(Protocol):
     """The running sequences' cache: one token per row per `step`; rows join from a `Prefill` and leave."""
@@ -48,6 +53,9 @@ class Batch(Protocol):
 
     def keep(self, rows: list[int]) -> None:
         """Keep only the rows listed (indices into `rows`); `rows` then lists the kept sequences, in any order."""
+
+    def row_cache(self, row: int, start: int, stop: int) -> list[Any]:
+        """A copy of the cache of `rows[row]`'s tokens [start, stop), as `Prefill.row_cache`."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +79,10 @@ class StepModel(Protocol):
     def new_batch(self) -> Batch:
         """An empty running batch of this runtime's kind."""
 
-    def prefill_group(self, rows: list[Any], prompts: list[list[int]]) -> Prefill:
-        """Prompts to prefill together before they join the batch."""
+    def prefill_group(self, rows: list[Any], prompts: list[list[int]], prefixes: list[Any] | None = None) -> Prefill:
+        """Prompts to prefill together before they join the batch. `prefixes[i]`, where not None, is the cache of
+        prompt i's first tokens ((kv_heads, cached, head_dim) per cache tensor, from `row_cache`): only the rest of
+        that prompt is computed."""
 
 
 class DecoderRuntime(Protocol):

@@ -1,0 +1,156 @@
+"""Automatic prefix caching: the keys and values of prompt prefixes kept for later requests that start the same way
+(a shared system prompt, the conversation so far on each turn of a chat), as vLLM's automatic prefix caching keeps
+them.
+
+A sequence's tokens are cut into blocks of `block_size`; a full block is keyed by its tokens and its parent's key (so
+a key names the whole prefix up to the block's end), and holds that block's slice of every cache tensor, (kv_heads,
+block_size, head_dim) each, copied out of the runtime's batch. A prompt's lookup walks its blocks from the start and
+stops at the first one missing; the prefix found is handed to the runtime's prefill (`StepModel.prefill_group`'s
+`prefixes`), which computes only the rest. At least one prompt token is always computed: its logits choose the first
+token. Blocks are stored when a prompt's prefill ends (so requests arriving while it decodes reuse it) and when a
+sequence leaves (its answer too: the next turn of a chat resends it).
+
+Blocks are evicted least recently used under a byte budget. A lookup or a store touches a prefix's blocks from its
+last to its first, so that a parent is always younger than its children and the leaves go first: evicting a parent
+would strand its children, which no lookup can reach without it.
+
+A block's tokens and its parent's key are stored with it and compared on lookup: a hash collision is a miss, never
+another prompt's keys.
+
+    >>> cache = PrefixCache(max_bytes=1 << 30)
+    >>> cached, prefix = cache.lookup(prompt)                 # tokens reused, and their cache arrays
+    >>> group = step_model.prefill_group(rows, prompts, [prefix])
+    >>> cache.store(prompt, lambda start, stop: group.row_cache(0, start, stop))
+"""
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..runtime.decoders.portable import concat
+
+log = logging.getLogger(__name__)
+
+Array = Any  # numpy arrays on the CPU, torch tensors on a GPU
+
+# vLLM's default block size: small enough that a prefix ending inside a block loses little, large enough that the
+# per-block bookkeeping (a dictionary entry, one small array per cache tensor) stays negligible.
+BLOCK_SIZE = 16
+DEFAULT_MAX_BYTES = 1 << 30
+
+
+@dataclass
+class Block:
+    parent: int  # the key of the block before it (0 for the first): checked on lookup with the tokens
+    tokens: tuple[int, ...]
+    arrays: list[Array]  # (kv_heads, block_size, head_dim) per cache tensor
+    nbytes: int
+
+
+class PrefixCache:
+    """The keys and values of prompt prefixes, in blocks of `block_size` tokens, at most `max_bytes` of them.
+
+    Args:
+        max_bytes: the budget; the least recently used blocks are evicted past it (0 stores nothing).
+        block_size: tokens per block.
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, block_size: int = BLOCK_SIZE):
+        if max_bytes < 0 or block_size < 1:
+            raise ValueError("The prefix cache needs max_bytes >= 0 and block_size >= 1.")
+        self.max_bytes, self.block_size = max_bytes, block_size
+        self.blocks: OrderedDict[int, Block] = OrderedDict()  # oldest first
+        self.bytes = 0
+        # Token counts for /metrics: looked up, found (the hit rate is their ratio), and blocks evicted so far.
+        self.queried_tokens = self.hit_tokens = self.evicted_blocks = 0
+
+    def keys(self, tokens: Sequence[int]) -> list[tuple[int, int, tuple[int, ...]]]:
+        """The key, parent key and tokens of each full block of `tokens`, in order."""
+        keys, parent = [], 0
+        for start in range(0, len(tokens) - self.block_size + 1, self.block_size):
+            block = tuple(tokens[start : start + self.block_size])
+            key = hash((parent, block))
+            keys.append((key, parent, block))
+            parent = key
+        return keys
+
+    def lookup(self, prompt: Sequence[int]) -> tuple[int, list[Array] | None]:
+        """The longest cached prefix of `prompt` that leaves at least its last token to compute: how many tokens, and
+        their cache, (kv_heads, tokens, head_dim) per cache tensor (None when nothing is cached)."""
+        found: list[tuple[int, Block]] = []
+        for key, parent, tokens in self.keys(prompt):
+            block = self.blocks.get(key)
+            if block is None or block.parent != parent or block.tokens != tokens:  # a missing block, or a collision
+                break
+            found.append((key, block))
+        for key, _ in reversed(found):  # the last block first: parents stay younger than their children
+            self.blocks.move_to_end(key)
+        cached = min(len(found) * self.block_size, len(prompt) - 1)
+        self.queried_tokens += len(prompt)
+        self.hit_tokens += cached
+        if cached <= 0:
+            return 0, None
+        tensors = len(found[0][1].arrays)
+        arrays = [concat([block.arrays[t] for _, block in found], axis=1)[:, :cached] for t in range(tensors)]
+        return cached, arrays
+
+    def holds(self, tokens: Sequence[int]) -> bool:
+        """Whether the block that ends `tokens` (a multiple of `block_size` long) is cached, without touching it."""
+        keys = self.keys(tokens)
+        if not keys or len(tokens) % self.block_size:
+            raise ValueError(f"holds() takes whole blocks of {self.block_size} tokens, not {len(tokens)}.")
+        key, parent, block_tokens = keys[-1]
+        block = self.blocks.get(key)
+        return block is not None and block.parent == parent and block.tokens == block_tokens
+
+    def store(self, tokens: Sequence[int], read: Callable[[int, int], list[Array]]) -> int:
+        """Keep the full blocks of `tokens` not cached yet; `read(start, stop)` copies the cache of tokens
+        [start, stop) out of the runtime ((kv_heads, stop - start, head_dim) per cache tensor). Room is made by
+        evicting other prefixes' blocks, least recently used first; where that is not enough, the deepest blocks of
+        `tokens` are not kept (a prefix is only reachable through its first blocks). Returns the blocks added."""
+        if self.max_bytes == 0:
+            return 0
+        chain = self.keys(tokens)
+        own = {key for key, _, _ in chain}
+        added = 0
+        for index, (key, parent, block_tokens) in enumerate(chain):
+            if key in self.blocks:  # this prefix's, or a colliding one's, which is kept: its tokens tell them apart
+                continue
+            start = index * self.block_size
+            arrays = read(start, start + self.block_size)
+            nbytes = sum(int(array.nbytes) for array in arrays)
+            if not self.make_room(nbytes, own):
+                break
+            self.blocks[key] = Block(parent, block_tokens, arrays, nbytes)
+            self.bytes += nbytes
+            added += 1
+        for key, _, _ in reversed(chain):  # the last block first: parents stay younger than their children
+            if key in self.blocks:
+                self.blocks.move_to_end(key)
+        return added
+
+    def make_room(self, nbytes: int, keep: set[int]) -> bool:
+        """Evict the least recently used blocks outside `keep` until `nbytes` more fit; False where they cannot."""
+        while self.bytes + nbytes > self.max_bytes:
+            oldest = next((key for key in self.blocks if key not in keep), None)
+            if oldest is None:
+                return False
+            self.bytes -= self.blocks.pop(oldest).nbytes
+            self.evicted_blocks += 1
+        return True
+
+    def clear(self) -> None:
+        self.blocks.clear()
+        self.bytes = 0
+
+    def stats(self) -> dict[str, int]:
+        """For /health: blocks and bytes held, tokens looked up and found."""
+        return {
+            "blocks": len(self.blocks),
+            "bytes": self.bytes,
+            "max_bytes": self.max_bytes,
+            "queried_tokens": self.queried_tokens,
+            "hit_tokens": self.hit_tokens,
+        }
