@@ -5,9 +5,8 @@ chat template, which would differ between engines).
 
 - shared-prefix (`make_shared_prefix_workload`): every request is the same system prompt (the opening paragraphs of
   benchmarks/texts/legal.txt, 500-1000 tokens: `system_prefix_ids`), a blank line, then a prompt of the independent
-  workload
-  (a window of the story corpus, lengths around `--input-len`), sent at the same Poisson arrivals. A server with a
-  prefix cache computes the system prompt once.
+  workload (a window of the story corpus, lengths around `--input-len`), sent at the same Poisson arrivals. A server
+  with a prefix cache computes the system prompt once.
 - multi-turn (`make_conversations`): C conversations of T turns; a conversation's user turns are consecutive lines
   of benchmarks/texts/dialogue.txt, its first turn sent at the arrival process's offset, each later turn only once
   the answer before it has completed (and `think_time` seconds after), its prompt the previous prompt, the answer

@@ -112,7 +112,8 @@ def workload_paragraphs(args, meta: dict) -> list[str]:
         shared = counts.get("shared-prefix", {})
         paragraphs.append(
             f"Shared system prompt: every request starts with the same {shared.get('prefix_tokens', '?')} tokens (the "
-            "opening paragraphs of benchmarks/texts/legal.txt, whole paragraphs within 1000 tokens), then a prompt "
+            f"opening paragraphs of benchmarks/texts/legal.txt, whole paragraphs within {args.prefix_tokens} tokens), then "
+            "a blank line and a prompt "
             f"drawn as the independent workload's (mean prompt {shared.get('prompt_tokens_mean', math.nan):.1f} "
             "tokens in all); the same prefix at every rate and in the warm-up, the suffixes drawn afresh."
         )
