@@ -234,7 +234,7 @@ def publish(results: dict, args, command: str) -> None:
     """--json with --markdown: the page rendered from the JSON (benchmarks/results/), whose tables are computed from
     `meta` and `runs`: `serve_mixed` (one table) for the independent workload of plain engines, else
     `serve_workloads` (a table per workload); the report's paragraphs before its first table are the page's notes."""
-    from benchmarks.results.pages import TABLE_MAKERS, from_markdown, write
+    from benchmarks.results.pages import from_markdown, write
 
     meta, found = results["meta"], results["meta"]["machine"]
     page = from_markdown(report(results, args, command), None, args.threads)
@@ -251,9 +251,6 @@ def publish(results: dict, args, command: str) -> None:
         for t in page["tables"][0]["text"]
     ]
     maker = "serve_workloads" if per_workload(args) else "serve_mixed"
-    # benchmarks/results/pages.py's registry names the makers a page may use; until it lists serve_workloads, this
-    # process registers it, so the page renders here (`python -m benchmarks.results` needs the registry's entry).
-    TABLE_MAKERS.setdefault("serve_workloads", serve_workload_tables)
     write(
         {"title": page["title"], "command": command, "machine": machine, "notes": notes, "tables_from": maker,
          "after": page["after"], "raw": {"meta": meta, "runs": results["runs"]}},

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.provenance import CPU_FLAGS, command_line, machine
-from benchmarks.results import engines, quality, speed, structured
+from benchmarks.results import engines, quality, serve_workloads, speed, structured
 from benchmarks.results.cells import table
 
 # Ends the rendered part of a page; what follows is written by hand and holds no table.
@@ -42,6 +42,7 @@ TABLE_MAKERS: dict[str, TableMaker] = {
     "side_by_side": speed.side_by_side_tables,
     "build_time": speed.build_time_tables,
     "serve_mixed": speed.serve_mixed_tables,
+    "serve_workloads": serve_workloads.serve_workload_tables,
     "int4_domains": quality.domain_tables,
     "matmul_bounds": quality.matmul_bounds_tables,
     "quantized_validation": quality.quantized_validation_tables,
