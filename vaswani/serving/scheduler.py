@@ -39,6 +39,7 @@ from ..constraints import fill_masks
 from .batches import Batch, Prefill
 from .sampling import RowSampler, SamplingParams, TokenChoice, TokenLogprobs
 from .sampling import choose_tokens as choose_row_tokens
+from .speculation import Speculator
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,13 @@ class Scheduler:
     """
 
     def __init__(
-        self, model, max_batch: int = 16, max_waiting: int = 64, prefill_chunk: int = 32, max_prefill_tokens: int = 2048
+        self,
+        model,
+        max_batch: int = 16,
+        max_waiting: int = 64,
+        prefill_chunk: int = 32,
+        max_prefill_tokens: int = 2048,
+        speculator: Speculator | None = None,
     ):
         if max_batch < 1 or max_waiting < 0 or prefill_chunk < 1:
             raise ValueError("max_batch and prefill_chunk must be at least 1 and max_waiting at least 0.")
@@ -125,6 +132,8 @@ class Scheduler:
         # grammar: waiting for the grammars' masks after the step (they are computed during it).
         self.seconds = dict.fromkeys(("prefill", "decode", "join", "leave", "sampling", "grammar"), 0.0)
         self.mask_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vaswani-grammar")
+        # Speculative decoding (`speculation`): None decodes one token per row and step.
+        self.speculator = speculator
 
     # -- the API the server calls, from any thread
 
@@ -162,7 +171,10 @@ class Scheduler:
         prefilling_group = self.prefilling  # once, as in `busy`
         prefilling = len(prefilling_group.rows) if prefilling_group else 0
         seconds = {part: round(value, 4) for part, value in self.seconds.items()}
-        return {"running": len(self.batch), "prefilling": prefilling, "waiting": len(self.waiting), "seconds": seconds}
+        stats = {"running": len(self.batch), "prefilling": prefilling, "waiting": len(self.waiting), "seconds": seconds}
+        if self.speculator is not None:
+            stats["speculation"] = self.speculator.stats()
+        return stats
 
     def start(self) -> "Scheduler":
         if self.thread is None:
@@ -279,6 +291,8 @@ class Scheduler:
         rows = self.batch.rows
         if not rows:
             return
+        if self.speculator is not None and self._speculative_step(rows):
+            return
         tokens = np.array([sequence.generated[-1] for sequence in rows], dtype=np.int64)
         # The grammars' masks for this step's tokens are computed beside the step (llguidance and ONNX Runtime both
         # release the GIL), off the critical path as vLLM computes them.
@@ -295,6 +309,23 @@ class Scheduler:
         self._accept(rows, tokens)
         with self.timed("leave"):
             self.batch.keep([i for i, sequence in enumerate(rows) if not sequence.finished])
+
+    def _speculative_step(self, rows: list[Sequence]) -> bool:
+        """A decoding step that verifies each row's proposed tokens (`Speculator`); False, having done nothing, where
+        this step should be a plain one. Each row's tokens are accepted in order, as if decoded one per step."""
+        proposed = self.speculator.proposals(rows, self.model.context_length)
+        if proposed is None:
+            return False
+        with self.timed("decode"):
+            chosen = self.speculator.step(self.batch, rows, proposed)
+        self.steps += 1
+        for depth in range(max(len(choices) for choices in chosen)):
+            at_depth = [(row, choices[depth]) for row, choices in enumerate(chosen) if len(choices) > depth]
+            at_depth = [(rows[row], choice) for row, choice in at_depth if not rows[row].finished]
+            self._accept([sequence for sequence, _ in at_depth], [choice for _, choice in at_depth])
+        with self.timed("leave"):
+            self.batch.keep([i for i, sequence in enumerate(rows) if not sequence.finished])
+        return True
 
     @contextmanager
     def timed(self, part: str) -> Iterator[None]:

@@ -19,6 +19,7 @@ from ..constraints import CompiledGrammar, Grammar, compile_grammar, grammar_voc
 from .batches import TorchStepModel, context_length
 from .protocol import OpenAIError
 from .scheduler import Scheduler
+from .speculation import speculator_for
 from .tools import TOOL_CALL_PARSERS, ToolCallFormat, tool_call_format
 
 
@@ -190,6 +191,7 @@ def load_service(
     engine: str = "onnxruntime",
     openvino_precision: str = "auto",
     tool_call_parser: str | None = None,
+    speculative_config: str | dict | None = None,
 ) -> GenerationService | EncoderService:
     """Load `folder` for serving: an exported ONNX folder (`backend="onnx"`, on `provider` "cpu" or "cuda") or a
     PyTorch vaswani folder (`backend="torch"`), local or a Hub repository id; `threads` ONNX Runtime's intra-op threads
@@ -198,7 +200,10 @@ def load_service(
     "openvino" runs a text-generation export's prompt steps, and decode steps where faster, in OpenVINO in
     `openvino_precision`). A text-generation export is served by its decoder runtime's step model and batch kind
     (`model.decoder_runtime.step_model()`); `tool_call_parser` names the format its tool calls are parsed in
-    ("hermes", "llama3_json"; default: the one its chat template shows). The scheduler is not started."""
+    ("hermes", "llama3_json"; default: the one its chat template shows); `speculative_config` turns on speculative
+    decoding (vLLM's `--speculative-config` JSON or a dict: `speculation.SpeculativeConfig`; default off). The
+    scheduler is not started."""
+    speculator = speculator_for(speculative_config)
     if tool_call_parser not in (None, "auto", *TOOL_CALL_PARSERS):
         choices = ", ".join(["auto", *TOOL_CALL_PARSERS])
         raise ValueError(f"Unknown tool call parser {tool_call_parser!r}; use one of {choices}.")
@@ -228,7 +233,7 @@ def load_service(
         if task in EncoderService.kinds:
             return EncoderService(name, tokenizer, model, task)
         step_model = model.decoder_runtime.step_model()
-        scheduler = Scheduler(step_model, max_batch, max_waiting, prefill_chunk)
+        scheduler = Scheduler(step_model, max_batch, max_waiting, prefill_chunk, speculator=speculator)
         return GenerationService(
             name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer), tool_call_parser
         )
@@ -240,7 +245,7 @@ def load_service(
         model = VaswaniForCausalLM.from_pretrained(folder)
         if provider == "cuda":
             model = model.to("cuda")
-        scheduler = Scheduler(TorchStepModel(model), max_batch, max_waiting, prefill_chunk)
+        scheduler = Scheduler(TorchStepModel(model), max_batch, max_waiting, prefill_chunk, speculator=speculator)
         return GenerationService(
             name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer), tool_call_parser
         )

@@ -1,0 +1,80 @@
+"""Speculative decoding's two batch operations, for each batch kind: `verify` feeds every row its last token and its
+proposed tokens in one call and returns the logits of every fed position; `rollback` gives back the cache of the
+proposals that were not kept. The batches' own `verify` and `rollback` methods call these (`GqaBatch` keeps per-row
+lengths, `RunningBatch` a left-padded cache and mask: OpenVINO's and PyTorch's batches share its code).
+
+    >>> logits = batch.verify([[last, *proposals] for ...])   # (rows, longest, vocab)
+    >>> batch.rollback([rejected for each row])
+"""
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..contract import positions_from_mask
+
+
+def right_padded(fed: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The rows' tokens right-padded with zeros (rows, longest), and each row's count."""
+    counts = np.array([len(tokens) for tokens in fed], dtype=np.int64)
+    ids = np.zeros((len(fed), int(counts.max())), dtype=np.int64)
+    for row, tokens in enumerate(fed):
+        ids[row, : len(tokens)] = tokens
+    return ids, counts
+
+
+def verify_lengths(batch: Any, fed: list[list[int]]) -> np.ndarray:
+    """`GqaBatch.verify`: row i's tokens land at [lengths[i], lengths[i] + len(fed[i])) of its slot (the kernel
+    takes per-row query lengths, right-padded, as a prefill chunk does); returns (rows, longest, vocab), where a
+    row's columns past its own count are padding's."""
+    ids, counts = right_padded(fed)
+    totals = batch.lengths + counts
+    batch.reserve(len(batch.rows), int(totals.max()))
+    views = [buffer[: len(batch.rows)] for buffer in batch.buffers]
+    wanted = torch.arange(ids.shape[1])
+    logits = batch.decoder.run(torch.from_numpy(ids), torch.from_numpy(counts), torch.from_numpy(totals), views, wanted)
+    batch.lengths = totals  # a new array: the step's binding reads `lengths` afresh each step
+    return logits.numpy()
+
+
+def rollback_lengths(batch: Any, rejected: list[int]) -> None:
+    """`GqaBatch.rollback`: the rejected tokens' keys and values stay in the buffers and are overwritten by the next
+    ones; the kernel reads a row's first `lengths` only."""
+    batch.lengths = batch.lengths - np.asarray(rejected, dtype=np.int64)
+
+
+def verify_padded(batch: Any, fed: list[list[int]]) -> np.ndarray:
+    """`RunningBatch.verify`: the tokens are appended as columns, right-padded with mask-0 columns for rows fed
+    fewer; positions are the mask's (each token's count of attended tokens before it), so a hole left by a rejected
+    proposal does not shift the positions after it. Returns (rows, longest, vocab)."""
+    ids, counts = right_padded(fed)
+    width = ids.shape[1]
+    added = (np.arange(width)[None] < counts[:, None]).astype(np.int64)
+    mask = np.concatenate([batch.mask, added], axis=1)
+    positions = np.ascontiguousarray(positions_from_mask(torch.from_numpy(mask))[:, -width:].numpy())
+    logits, batch.cache = batch.model.run(ids, mask, positions, batch.cache, logits_to_keep=width)
+    batch.mask, batch.verified = mask, counts
+    return logits
+
+
+def rollback_padded(batch: Any, rejected: list[int]) -> None:
+    """`RunningBatch.rollback`: the rejected columns of the last `verify` are masked out (holes the mask hides),
+    and the trailing columns no row attends any more are cut off, so that at batch 1 the cache holds exactly the
+    kept tokens."""
+    counts, mask = batch.verified, batch.mask
+    start = mask.shape[1] - int(counts.max())
+    for row, (count, dropped) in enumerate(zip(counts.tolist(), rejected)):
+        if dropped:
+            mask[row, start + count - dropped : start + count] = 0
+    used = np.flatnonzero(mask.any(axis=0))
+    width = int(used[-1]) + 1 if used.size else 0
+    if width < mask.shape[1]:
+        batch.cache = [slice_columns(tensor, width) for tensor in batch.cache]
+        batch.mask = np.ascontiguousarray(mask[:, :width])
+
+
+def slice_columns(array: Any, end: int) -> Any:
+    """array[:, :, :end] as a contiguous copy (the graphs take contiguous tensors)."""
+    view = array[:, :, :end]
+    return np.ascontiguousarray(view) if isinstance(array, np.ndarray) else view.contiguous()
