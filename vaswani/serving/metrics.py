@@ -15,6 +15,9 @@ Names follow Prometheus' conventions (`_total` counters, `_seconds` histograms) 
   carried it (`response_format`, `structured_outputs`, `guided_json`, ..., `tool_choice`).
 - `vaswani_grammar_compile_seconds`: compiling a request's constraint (a grammar seen before comes from the cache).
 - `vaswani_tool_calls_total`: tool calls returned to clients.
+- With speculative decoding (`speculation`), vLLM's counters: `vaswani_spec_decode_num_drafts_total` (rows that got
+  proposals, per step), `vaswani_spec_decode_num_draft_tokens_total` (tokens proposed) and
+  `vaswani_spec_decode_num_accepted_tokens_total` (proposals kept); the acceptance rate is accepted / proposed.
 
     >>> metrics = ServerMetrics(service)
     >>> metrics.render()  # the text format, for GET /metrics
@@ -24,6 +27,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from .speculation import SpeculationCollector
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -84,6 +89,8 @@ class ServerMetrics:
             alive = Gauge("vaswani_engine_alive", "1 while the engine thread runs, else 0.", registry=registry)
             alive.set_function(lambda: float(scheduler.alive))
             scheduler.step_listeners.append(self.batch_size.observe)
+            if getattr(scheduler, "speculator", None) is not None:
+                registry.register(SpeculationCollector(scheduler.speculator))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

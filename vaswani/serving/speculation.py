@@ -217,6 +217,26 @@ class Speculator:
         return chosen
 
 
+class SpeculationCollector:
+    """The speculator's counts as Prometheus counters (vLLM's names under the `vaswani_` prefix), read at each
+    scrape: the scheduler thread only increments integers."""
+
+    COUNTERS = (
+        ("drafts", "vaswani_spec_decode_num_drafts", "Rows that got proposed tokens, per speculative step."),
+        ("draft_tokens", "vaswani_spec_decode_num_draft_tokens", "Tokens proposed for verification."),
+        ("accepted_tokens", "vaswani_spec_decode_num_accepted_tokens", "Proposed tokens that were kept."),
+    )
+
+    def __init__(self, speculator: Speculator):
+        self.speculator = speculator
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        for attribute, name, documentation in self.COUNTERS:
+            yield CounterMetricFamily(name, documentation, value=getattr(self.speculator, attribute))
+
+
 def speculator_for(config: "str | dict[str, Any] | SpeculativeConfig | None") -> Speculator | None:
     """The server's speculator for `config` (None: off, the default), checked before the model loads; the choice is
     logged."""
