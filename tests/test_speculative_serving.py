@@ -22,10 +22,11 @@ pytest.importorskip("onnxruntime")
 from vaswani import VaswaniForCausalLM  # noqa: E402
 from vaswani.export import export_onnx  # noqa: E402
 from vaswani.runtime import OrtModelForCausalLM, default_session_options  # noqa: E402
+from vaswani.runtime.speculative import propose_ngram  # noqa: E402
 from vaswani.serving import SamplingParams, create_app, load_service  # noqa: E402
 from vaswani.serving.batches import TorchStepModel  # noqa: E402
 from vaswani.serving.scheduler import Scheduler  # noqa: E402
-from vaswani.serving.speculation import SpeculativeConfig, Speculator, propose_ngram  # noqa: E402
+from vaswani.serving.speculation import SpeculativeConfig, Speculator  # noqa: E402
 
 # Text that repeats itself, so that prompt lookup finds n-grams to propose.
 REPEATING = "Once upon a time there was a cat. The cat was happy. Once upon a time there was a cat. The cat"

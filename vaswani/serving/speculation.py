@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..runtime.speculative import propose_ngram
 from .sampling import RowSampler, TokenChoice, token_logprobs
 
 log = logging.getLogger(__name__)
@@ -92,23 +93,6 @@ class SpeculativeConfig:
         if unknown:
             raise ValueError(f"speculative config: unknown key(s) {unknown}; the keys are {sorted(known)}.")
         return cls(**value)
-
-
-def propose_ngram(tokens: list[int], count: int, longest: int, shortest: int) -> list[int]:
-    """Up to `count` tokens that followed the last earlier occurrence of the longest suffix n-gram of `tokens`
-    (`longest` down to `shortest` tokens); [] where no suffix recurs."""
-    length = len(tokens)
-    if count < 1:
-        return []
-    sequence = np.asarray(tokens, dtype=np.int64)
-    for size in range(min(longest, length - 1), shortest - 1, -1):
-        suffix = sequence[length - size :]
-        # Candidate starts: where the suffix's first token occurs before the suffix itself, latest first.
-        starts = np.flatnonzero(sequence[: length - size] == suffix[0])[::-1]
-        for start in starts:
-            if np.array_equal(sequence[start : start + size], suffix):
-                return sequence[start + size : start + size + count].tolist()
-    return []
 
 
 def processed_probabilities(sampler: RowSampler, logits: np.ndarray) -> torch.Tensor:
