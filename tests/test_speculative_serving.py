@@ -1,6 +1,6 @@
 """Speculative decoding in the server (`serving.speculation`): prompt-lookup proposals verified in one step of the
-model, on every batch kind (per-row lengths: the GroupQueryAttention form; the left-padded batch: the portable form
-and PyTorch).
+model, on every batch kind (per-row lengths: the GroupQueryAttention form; the left-padded batch: the portable form,
+PyTorch, and OpenVINO holding the cache between steps).
 
 Oracles: plain decoding through the same scheduler, and offline greedy `generate` (greedy speculation must give the
 same tokens and log probabilities, with proposals kept and with every proposal rejected); plain sampling's empirical
@@ -32,7 +32,7 @@ from vaswani.serving.speculation import SpeculativeConfig, Speculator  # noqa: E
 REPEATING = "Once upon a time there was a cat. The cat was happy. Once upon a time there was a cat. The cat"
 NEW_TOKENS = 24
 DRAWS = 300
-FORMS = ("gqa-int8", "portable", "torch")
+FORMS = ("gqa-int8", "portable", "torch", "openvino")
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +58,10 @@ def step_models(folders):
         if form not in models:
             if form == "torch":
                 models[form] = TorchStepModel(VaswaniForCausalLM.from_pretrained(folders[form]))
+            elif form == "openvino":  # the portable export, OpenVINO holding the batch's cache between steps
+                pytest.importorskip("openvino")
+                model = OrtModelForCausalLM.from_pretrained(folders["portable"], engine="openvino")
+                models[form] = model.decoder_runtime.step_model()
             else:
                 model = OrtModelForCausalLM.from_pretrained(folders[form], session_options=default_session_options(1))
                 models[form] = model.decoder_runtime.step_model()
@@ -98,7 +102,7 @@ def test_greedy_speculation_serves_plain_greedy_tokens_and_logprobs(step_models,
     speculative = scheduled_results(Scheduler(step_model, speculator=speculator), requests)
     assert [tokens for tokens, _, _ in speculative] == [tokens for tokens, _, _ in plain]
     assert speculator.accepted_tokens > 0 and speculator.draft_tokens > speculator.accepted_tokens
-    if form != "torch":
+    if form in ("gqa-int8", "portable"):
         offline = OrtModelForCausalLM.from_pretrained(folders[form])
         prompt = requests[0][0]
         output = offline.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)
