@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+from vaswani.runtime.loading import set_command_threads
 from vaswani.serving import SamplingParams, load_service
 from vaswani.serving.scheduler import Scheduler
 from vaswani.serving.speculation import SpeculativeConfig, Speculator
@@ -97,6 +98,7 @@ def main() -> None:
     parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "speculative_serving.md"))
     args = parser.parse_args()
     service = load_service(args.folder, threads=args.threads)
+    set_command_threads("small-ops", args.threads)  # as `vaswani serve` sets torch's pool for an export
     config = SpeculativeConfig.parse(args.config)
     rows = []
     for round_index in range(args.rounds):

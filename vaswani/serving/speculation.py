@@ -111,7 +111,9 @@ def accept(sampler: RowSampler, logits: np.ndarray, proposals: list[int], ends: 
     for position in range(len(proposals) + 1):
         row = logits[position]
         proposal = proposals[position] if position < len(proposals) else None
-        if sampler.generator is None or proposal is None:
+        if sampler.plain:
+            token = int(row.argmax())  # as plain decoding serves such rows: numpy's first maximum, no torch work
+        elif sampler.generator is None or proposal is None:
             token = sampler.choose(row)  # greedy, or the free token after the last kept proposal
         else:
             token = rejection_sample(sampler, row, proposal)
