@@ -25,6 +25,7 @@ from vaswani.runtime import OrtModelForCausalLM, default_session_options  # noqa
 from vaswani.runtime.speculative import propose_ngram  # noqa: E402
 from vaswani.serving import SamplingParams, create_app, load_service  # noqa: E402
 from vaswani.serving.batches import TorchStepModel  # noqa: E402
+from vaswani.serving.draft import DraftProposer, load_draft  # noqa: E402
 from vaswani.serving.scheduler import Scheduler  # noqa: E402
 from vaswani.serving.speculation import SpeculativeConfig, Speculator  # noqa: E402
 
@@ -107,6 +108,26 @@ def test_greedy_speculation_serves_plain_greedy_tokens_and_logprobs(step_models,
         prompt = requests[0][0]
         output = offline.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)
         assert speculative[0][0] == output[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("form", ["gqa-int8", "portable"])
+@pytest.mark.parametrize("draft", ["other-model", "itself"])
+def test_draft_model_speculation_serves_plain_greedy_tokens(
+    step_models, folders, tiny_chat_pair, tokenizer, form, draft
+):
+    """A draft model's greedy proposals (another tiny model with the same tokenizer, or the target's own export,
+    whose proposals are nearly all kept), one draft cache per row: the tokens are plain greedy decoding's."""
+    step_model = step_models(form)
+    requests = [(prompt, greedy()) for prompt in prompts(tokenizer)]
+    plain = scheduled_results(Scheduler(step_model), requests)
+    draft_model = load_draft(tiny_chat_pair["onnx"] if draft == "other-model" else folders[form], threads=1)
+    config = SpeculativeConfig(method="draft_model", model="draft", disable_by_batch_size=None)
+    speculator = Speculator(config, DraftProposer(draft_model))
+    speculative = scheduled_results(Scheduler(step_model, speculator=speculator), requests)
+    assert [tokens for tokens, _, _ in speculative] == [tokens for tokens, _, _ in plain]
+    assert speculator.draft_tokens > 0
+    if draft == "itself":
+        assert speculator.accepted_tokens > 0.9 * speculator.draft_tokens
 
 
 def scheduled_logprobs(scheduler, requests: list) -> list[list]:
@@ -212,8 +233,8 @@ def total_variation(a: Counter, b: Counter) -> float:
 
 
 def test_sampled_speculation_draws_from_the_plain_distribution(step_models, tokenizer):
-    """Plain sampling, prompt lookup and fixed proposals (the plain run's most frequent tokens), each over seeds of its
-    own: the histograms of the second and third tokens agree within sampling noise; keeping every proposal is told
+    """Plain sampling, prompt lookup, fixed proposals (the plain run's most frequent tokens) and a draft model (the
+    target itself: greedy proposals), each over seeds of its own: the histograms of the second and third tokens agree within sampling noise; keeping every proposal is told
     apart at the same size."""
     step_model = step_models("gqa-int8")
     prompt = prompts(tokenizer)[0]
@@ -224,12 +245,17 @@ def test_sampled_speculation_draws_from_the_plain_distribution(step_models, toke
     fixed_speculator = FixedProposals(likely)
     fixed = later_tokens(step_model, prompt, range(3 * DRAWS, 4 * DRAWS), fixed_speculator)
     wrong = later_tokens(step_model, prompt, range(4 * DRAWS, 5 * DRAWS), KeepEveryProposal(likely))
+    config = SpeculativeConfig(method="draft_model", model="itself", disable_by_batch_size=None)
+    drafted = later_tokens(
+        step_model, prompt, range(5 * DRAWS, 6 * DRAWS), Speculator(config, DraftProposer(step_model))
+    )
     # Two independent samples of DRAWS over k cells differ by about sqrt(k / (2 pi DRAWS)) in total variation (the
     # mean absolute deviation of the cells' binomial frequencies, summed): three times that is the bound.
     cells = len(set(plain) | set(again))
     bound = 3 * math.sqrt(cells / (2 * math.pi * DRAWS))
     assert total_variation(plain, again) < bound, "the bound must hold for two plain samples"
     assert total_variation(plain, lookup) < bound and total_variation(plain, fixed) < bound
+    assert total_variation(plain, drafted) < bound
     # The rule was exercised both ways: some proposals kept, some rejected.
     assert 0 < fixed_speculator.accepted_tokens < fixed_speculator.draft_tokens
     assert total_variation(plain, wrong) > bound, "a wrong rule must land outside the bound"
@@ -264,12 +290,15 @@ def test_served_speculation_counts_drafts_in_metrics_and_health(folders, tokeniz
         ('{"num_speculative_tokens": 0}', "num_speculative_tokens"),
         ('{"prompt_lookup_min": 5, "prompt_lookup_max": 2}', "prompt_lookup_min"),
         ("ngram", "JSON"),
+        ('{"method": "draft_model"}', "model"),
+        ('{"method": "draft_model", "model": "/no/such/folder"}', "no config.json"),
     ],
 )
 def test_bad_speculative_config_is_refused_with_what_to_fix(tiny_chat_pair, capsys, config, named):
     from vaswani.cli.main import main as vaswani
 
-    with pytest.raises(ValueError, match=named):
-        SpeculativeConfig.parse(config)
+    if named != "no config.json":  # the config itself is wrong; a missing draft folder is found when it loads
+        with pytest.raises(ValueError, match=named):
+            SpeculativeConfig.parse(config)
     assert vaswani(["serve", str(tiny_chat_pair["onnx"]), "--speculative-config", config]) == 2
     assert named in capsys.readouterr().err

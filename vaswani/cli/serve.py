@@ -103,7 +103,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='speculative decoding, as vLLM\'s flag: a JSON object such as \'{"method": "ngram", '
         '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' (prompt lookup: '
         "tokens that followed an earlier occurrence of the text's last words, verified in one step; the answer is "
-        'unchanged); add "disable_by_batch_size": N to speculate only in steps of at most N rows (4) (default: off)',
+        'unchanged), or \'{"method": "draft_model", "model": "SMALLER-EXPORT"}\' (a smaller model with the same '
+        'tokenizer proposes); "disable_by_batch_size": N speculates only in steps of at most N rows (4) (default: off)',
     )
     ray = parser.add_argument_group("Ray Serve (--ray)")
     ray.add_argument("--ray", action="store_true", help="run replicas behind Ray Serve (needs ray[serve])")

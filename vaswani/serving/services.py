@@ -19,7 +19,7 @@ from ..constraints import CompiledGrammar, Grammar, compile_grammar, grammar_voc
 from .batches import TorchStepModel, context_length
 from .protocol import OpenAIError
 from .scheduler import Scheduler
-from .speculation import speculator_for
+from .speculation import check_draft, speculator_for
 from .tools import TOOL_CALL_PARSERS, ToolCallFormat, tool_call_format
 
 
@@ -201,9 +201,9 @@ def load_service(
     `openvino_precision`). A text-generation export is served by its decoder runtime's step model and batch kind
     (`model.decoder_runtime.step_model()`); `tool_call_parser` names the format its tool calls are parsed in
     ("hermes", "llama3_json"; default: the one its chat template shows); `speculative_config` turns on speculative
-    decoding (vLLM's `--speculative-config` JSON or a dict: `speculation.SpeculativeConfig`; default off). The
+    decoding (vLLM's `--speculative-config` JSON or a dict: `speculation.SpeculativeConfig`: prompt lookup, or a draft model; default off). The
     scheduler is not started."""
-    speculator = speculator_for(speculative_config)
+    speculator = speculator_for(speculative_config, provider, threads)
     if tool_call_parser not in (None, "auto", *TOOL_CALL_PARSERS):
         choices = ", ".join(["auto", *TOOL_CALL_PARSERS])
         raise ValueError(f"Unknown tool call parser {tool_call_parser!r}; use one of {choices}.")
@@ -233,6 +233,7 @@ def load_service(
         if task in EncoderService.kinds:
             return EncoderService(name, tokenizer, model, task)
         step_model = model.decoder_runtime.step_model()
+        check_draft(speculator, step_model.vocab_size)
         scheduler = Scheduler(step_model, max_batch, max_waiting, prefill_chunk, speculator=speculator)
         return GenerationService(
             name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer), tool_call_parser
@@ -245,6 +246,7 @@ def load_service(
         model = VaswaniForCausalLM.from_pretrained(folder)
         if provider == "cuda":
             model = model.to("cuda")
+        check_draft(speculator, model.config.vocab_size)
         scheduler = Scheduler(TorchStepModel(model), max_batch, max_waiting, prefill_chunk, speculator=speculator)
         return GenerationService(
             name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer), tool_call_parser

@@ -35,17 +35,18 @@ from .sampling import RowSampler, TokenChoice, token_logprobs
 
 log = logging.getLogger(__name__)
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """vLLM's `--speculative-config` keys that apply here.
 
-    `num_speculative_tokens`: proposals per row and step at most; `prompt_lookup_max`/`prompt_lookup_min`: the
-    longest and shortest suffix n-gram looked up; `disable_by_batch_size`: no speculation in steps with more running
-    rows than this (a step then computes k + 1 positions per row, which pays only while the batch leaves the cores
-    idle; None: no limit).
+    `method`: "ngram" (prompt lookup) or "draft_model" (greedy proposals of `model`, a smaller export or PyTorch
+    folder with the same tokenizer: `draft.DraftProposer`); `num_speculative_tokens`: proposals per row and step at
+    most; `prompt_lookup_max`/`prompt_lookup_min`: the longest and shortest suffix n-gram looked up;
+    `disable_by_batch_size`: no speculation in steps with more running rows than this (a step then computes k + 1
+    positions per row, which pays only while the batch leaves the cores idle; None: no limit).
     """
 
     method: str = "ngram"
@@ -53,11 +54,17 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
     disable_by_batch_size: int | None = 4
+    model: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(
                 f"speculative config: method {self.method!r} is not supported; use one of {list(METHODS)}."
+            )
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ValueError(
+                'speculative config: "model" (the draft\'s folder) goes with method "draft_model", and only with it; '
+                'e.g. {"method": "draft_model", "model": "smaller-export", "num_speculative_tokens": 4}.'
             )
         for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
             value = getattr(self, name)
@@ -143,8 +150,9 @@ class Speculator:
     /metrics and /health): `drafts` (rows that got proposals, per step), `draft_tokens` (proposals made),
     `accepted_tokens` (proposals kept)."""
 
-    def __init__(self, config: SpeculativeConfig):
+    def __init__(self, config: SpeculativeConfig, draft: Any = None):
         self.config = config
+        self.draft = draft  # a `draft.DraftProposer` for method "draft_model"
         self.drafts = self.draft_tokens = self.accepted_tokens = 0
         self.steps = 0
 
@@ -175,7 +183,12 @@ class Speculator:
                 config.num_speculative_tokens,
             )
             tokens = sequence.prompt + sequence.generated
-            proposed.append(propose_ngram(tokens, room, config.prompt_lookup_max, config.prompt_lookup_min))
+            if room < 1:
+                proposed.append([])
+            elif self.draft is not None:
+                proposed.append(self.draft.propose(sequence, tokens, room))
+            else:
+                proposed.append(propose_ngram(tokens, room, config.prompt_lookup_max, config.prompt_lookup_min))
         return proposed if any(proposed) else None
 
     def step(self, batch: Any, sequences: list[Any], proposed: list[list[int]]) -> list[list[TokenChoice]]:
@@ -223,22 +236,44 @@ class SpeculationCollector:
             yield CounterMetricFamily(name, documentation, value=getattr(self.speculator, attribute))
 
 
-def speculator_for(config: "str | dict[str, Any] | SpeculativeConfig | None") -> Speculator | None:
-    """The server's speculator for `config` (None: off, the default), checked before the model loads; the choice is
-    logged."""
+def speculator_for(
+    config: "str | dict[str, Any] | SpeculativeConfig | None", provider: str = "cpu", threads: int | None = None
+) -> Speculator | None:
+    """The server's speculator for `config` (None: off, the default), checked (and a draft model loaded, on
+    `provider` with `threads`) before the target loads; the choice is logged."""
     if config is None:
         return None
     config = SpeculativeConfig.parse(config)
+    draft = None
+    if config.method == "draft_model":
+        from .draft import DraftProposer, load_draft
+
+        draft = DraftProposer(load_draft(config.model, provider, threads))
     log.info("%s", describe(config))
-    return Speculator(config)
+    return Speculator(config, draft)
+
+
+def check_draft(speculator: Speculator | None, vocab_size: int) -> None:
+    """Refuse a draft model whose vocabulary is not the target's (its proposals would be other tokens' ids)."""
+    if speculator is not None and speculator.draft is not None and speculator.draft.model.vocab_size != vocab_size:
+        raise ValueError(
+            f"speculative config: the draft model {speculator.config.model!r} has a vocabulary of "
+            f"{speculator.draft.model.vocab_size} tokens, the served model {vocab_size}; a draft must share the "
+            "served model's tokenizer."
+        )
 
 
 def describe(config: SpeculativeConfig) -> str:
     """One line for the log: what the server speculates with."""
     limit = config.disable_by_batch_size
+    source = (
+        f"the draft model {config.model}"
+        if config.method == "draft_model"
+        else f"suffix n-grams of {config.prompt_lookup_max} down to {config.prompt_lookup_min} tokens"
+    )
     return (
         f"speculative decoding: {config.method}, up to {config.num_speculative_tokens} proposed tokens per step from "
-        f"suffix n-grams of {config.prompt_lookup_max} down to {config.prompt_lookup_min} tokens"
+        f"{source}"
         + (f", in steps of at most {limit} rows" if limit is not None else "")
         + "; the acceptance rate is at /metrics"
     )

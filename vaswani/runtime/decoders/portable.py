@@ -271,7 +271,7 @@ class RunningBatch:
         return verify_padded(self, fed)
 
     def rollback(self, rejected: list[int]) -> None:
-        """Forget the last `rejected[i]` tokens of each row's last `verify` (proposals that were not kept)."""
+        """Forget the last `rejected[i]` tokens of each row (proposals that were not kept)."""
         rollback_padded(self, rejected)
 
     def keep(self, rows: list[int]) -> None:

@@ -54,19 +54,18 @@ def verify_padded(batch: Any, fed: list[list[int]]) -> np.ndarray:
     mask = np.concatenate([batch.mask, added], axis=1)
     positions = np.ascontiguousarray(positions_from_mask(torch.from_numpy(mask))[:, -width:].numpy())
     logits, batch.cache = batch.model.run(ids, mask, positions, batch.cache, logits_to_keep=width)
-    batch.mask, batch.verified = mask, counts
-    return logits
+    batch.mask = mask
+    return logits if logits.ndim == 3 else logits[:, None]  # one position: the step model's (rows, vocab)
 
 
 def rollback_padded(batch: Any, rejected: list[int]) -> None:
-    """`RunningBatch.rollback`: the rejected columns of the last `verify` are masked out (holes the mask hides),
-    and the trailing columns no row attends any more are cut off, so that at batch 1 the cache holds exactly the
-    kept tokens."""
-    counts, mask = batch.verified, batch.mask
-    start = mask.shape[1] - int(counts.max())
-    for row, (count, dropped) in enumerate(zip(counts.tolist(), rejected)):
+    """`RunningBatch.rollback`: each row's last `rejected[i]` attended columns are masked out (holes the mask hides:
+    positions come from the mask), and the trailing columns no row attends any more are cut off, so that at batch 1
+    the cache holds exactly the kept tokens."""
+    mask = batch.mask
+    for row, dropped in enumerate(rejected):
         if dropped:
-            mask[row, start + count - dropped : start + count] = 0
+            mask[row, np.flatnonzero(mask[row])[-dropped:]] = 0
     used = np.flatnonzero(mask.any(axis=0))
     width = int(used[-1]) + 1 if used.size else 0
     if width < mask.shape[1]:
