@@ -211,12 +211,7 @@ class OrtGraph:
                 binding.bind_output(name, device_type, device_id)
             else:
                 binding.bind_output(
-                    name,
-                    device_type,
-                    device_id,
-                    TENSOR_DTYPES[spec["dtype"]][0],
-                    tuple(buffer.shape),
-                    buffer.data_ptr(),
+                    name, device_type, device_id, TENSOR_DTYPES[spec["dtype"]][0], tuple(buffer.shape), buffer.data_ptr()
                 )
         # Belt and braces for inputs written, and outputs read, by torch on another stream than ONNX Runtime's
         # (from_pretrained points ORT at torch's current stream; a user may switch streams later).

@@ -201,8 +201,8 @@ def load_service(
     `openvino_precision`). A text-generation export is served by its decoder runtime's step model and batch kind
     (`model.decoder_runtime.step_model()`); `tool_call_parser` names the format its tool calls are parsed in
     ("hermes", "llama3_json"; default: the one its chat template shows); `speculative_config` turns on speculative
-    decoding (vLLM's `--speculative-config` JSON or a dict: `speculation.SpeculativeConfig`: prompt lookup, or a draft model; default off). The
-    scheduler is not started."""
+    decoding (vLLM's `--speculative-config` JSON or a dict, `speculation.SpeculativeConfig`: prompt lookup or a draft
+    model; default off). The scheduler is not started."""
     speculator = speculator_for(speculative_config, provider, threads)
     if tool_call_parser not in (None, "auto", *TOOL_CALL_PARSERS):
         choices = ", ".join(["auto", *TOOL_CALL_PARSERS])
