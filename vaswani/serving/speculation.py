@@ -1,8 +1,10 @@
-"""Speculative decoding in the server: prompt-lookup (n-gram) proposals, verified in one step of the model.
+"""Speculative decoding in the server: prompt-lookup (n-gram) or draft-model proposals, verified in one step of the
+model.
 
 A row's proposals are the tokens that followed the last earlier occurrence of its sequence's longest suffix n-gram
 (`prompt_lookup_max` down to `prompt_lookup_min` tokens; vLLM's "ngram" method, transformers'
-`PromptLookupCandidateGenerator`). The batch feeds each row its last token and its proposals in one call
+`PromptLookupCandidateGenerator`), or a smaller model's greedy continuation ("draft_model": `draft.DraftProposer`). The
+batch feeds each row its last token and its proposals in one call
 (`Batch.verify`, the logits of every fed position), and the row's own sampler walks those positions in order
 (`accept`): the penalties, `logit_bias`, `min_tokens` and log probabilities are applied exactly as in plain decoding,
 one token at a time.
