@@ -6,7 +6,8 @@ The loop runs on the server's batch of the export's decoder runtime (`step_model
 the GroupQueryAttention form, a left-padded cache for the others), which verifies a row's last token and its proposals
 in one call (`Batch.verify`) and gives back the rejected ones (`Batch.rollback`). Proposals are transformers' prompt
 lookup (`PromptLookupCandidateGenerator`: the tokens after the last earlier occurrence of the longest suffix n-gram,
-`max_matching_ngram_size` (2) down to 1 token). Each position's scores go through the call's own logits processors on
+`max_matching_ngram_size` (2) tokens long), except that a single recurring token is not looked up: such proposals were
+mostly rejected (served, acceptance fell from 0.66 to 0.33 and the gain from 1.45x to 1.18x). Each position's scores go through the call's own logits processors on
 the ids so far, then:
 
 - greedy: the argmax; proposals are kept while they equal it, so the tokens are plain greedy search's;
@@ -99,7 +100,7 @@ def prompt_lookup_sample(
     while True:
         # `token` (the last of `ids`) is not in the cache yet: this step feeds it, and the proposals after it.
         room = min(count, max_length - ids.shape[1] - 1, step_model.context_length - ids.shape[1] - 1)
-        proposals = propose_ngram(ids[0].tolist(), room, longest, 1)
+        proposals = propose_ngram(ids[0].tolist(), room, longest, min(2, longest))
         if proposals:
             rows = batch.verify([[token, *proposals]])[0]
         else:
