@@ -121,6 +121,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how the model writes tool calls: hermes (<tool_call> JSON blocks: Hermes, Qwen 2.5/3), llama3_json "
         "(Llama 3.1/3.2's JSON); auto: the one its chat template shows (auto)",
     )
+    parser.add_argument(
+        "--speculative-config",
+        metavar="JSON",
+        help='speculative decoding, as vLLM\'s flag: a JSON object such as \'{"method": "ngram", '
+        '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' (prompt lookup: '
+        "tokens that followed an earlier occurrence of the text's last words, verified in one step; the answer is "
+        'unchanged), or \'{"method": "draft_model", "model": "SMALLER-EXPORT"}\' (a smaller model with the same '
+        'tokenizer proposes); "disable_by_batch_size": N speculates only in steps of at most N rows (4) (default: off)',
+    )
     ray = parser.add_argument_group("Ray Serve (--ray)")
     ray.add_argument("--ray", action="store_true", help="run replicas behind Ray Serve (needs ray[serve])")
     ray.add_argument("--replicas", type=int, default=1, help="replicas of the app (1)")
@@ -170,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
         prefix_cache_bytes=args.prefix_cache_bytes,
         tool_call_parser=None if args.tool_call_parser == "auto" else args.tool_call_parser,
     )
+    if args.speculative_config is not None:
+        options.update(speculative_config=args.speculative_config)
     # Ray's replicas and the PyTorch backend run ONNX Runtime or PyTorch only; "auto" falls back to ONNX Runtime there.
     if args.engine not in ("onnxruntime", "auto") and (args.ray or args.backend != "onnx"):
         print(f"error: --engine {args.engine} serves an ONNX export without --ray (--backend onnx).", file=sys.stderr)

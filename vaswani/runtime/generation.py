@@ -32,6 +32,7 @@ from .decoders import DecoderRuntime, LoadRequest, choose_decoder_runtime
 from .lean_steps import Step, lean_loop_fits, sample_tokens
 from .models import OrtModel, check_unsupported_arguments
 from .session import TENSOR_DTYPES, DecodingGraph, OrtGraph, checked_mask, logits_positions
+from .speculative import prompt_lookup_fits, prompt_lookup_sample
 
 
 class KVBuffers:
@@ -273,6 +274,20 @@ class OrtModelForCausalLM(OrtModelForGeneration):
     @classmethod
     def runtime_for(cls, engine: str, request: LoadRequest) -> type[DecoderRuntime]:
         return choose_decoder_runtime(engine, request)
+
+    def generate(
+        self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, *args, **kwargs
+    ) -> Any:
+        """`OrtModelForGeneration.generate`; prompt-lookup speculation (`prompt_lookup_num_tokens`) on one prompt runs
+        in a lean loop of its own (`speculative.prompt_lookup_sample`), with the same tokens as transformers' assisted
+        generation for greedy search and the same distribution for sampling."""
+        if (
+            not args
+            and self.fast_generation
+            and prompt_lookup_fits(self.generation_config, generation_config, inputs, kwargs)
+        ):
+            kwargs["custom_generate"] = prompt_lookup_sample
+        return super().generate(inputs, generation_config, *args, **kwargs)
 
     @property
     def graph_runner(self) -> DecoderRuntime:

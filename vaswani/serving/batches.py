@@ -39,7 +39,12 @@ class TorchStepModel(PaddedStepModel):
         return [empty if self.device.type != "cpu" else empty.numpy()] * (2 * self.config.num_hidden_layers)
 
     def run(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray, positions: np.ndarray, past: list[Array]
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        positions: np.ndarray,
+        past: list[Array],
+        logits_to_keep: int = 1,
     ) -> tuple[np.ndarray, list[Array]]:
         cache = DynamicCache(config=self.config)
         if past[0].shape[2]:
@@ -51,9 +56,10 @@ class TorchStepModel(PaddedStepModel):
                 position_ids=torch.from_numpy(positions).to(self.device),
                 cache=cache,
                 use_cache=True,
-                logits_to_keep=1,
+                logits_to_keep=logits_to_keep,
             )
         present = [tensor for layer in cache_of(output).layers for tensor in (layer.keys, layer.values)]
         if self.device.type == "cpu":
             present = [tensor.numpy() for tensor in present]
-        return output.logits[:, -1].float().cpu().numpy(), present
+        logits = output.logits[:, -1] if logits_to_keep == 1 else output.logits
+        return logits.float().cpu().numpy(), present

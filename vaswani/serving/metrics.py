@@ -18,6 +18,9 @@ Names follow Prometheus' conventions (`_total` counters, `_seconds` histograms) 
 - `vaswani_prefix_cache_queries_total`, `vaswani_prefix_cache_hits_total`: prompt tokens looked up in the prefix cache
   and found there (vLLM's pair: the hit rate is their ratio); `vaswani_prefix_cache_bytes`: the keys and values it
   holds; `vaswani_prefix_cache_evictions_total`: blocks evicted under its budget. Present where the cache is on.
+- With speculative decoding (`speculation`), vLLM's counters: `vaswani_spec_decode_num_drafts_total` (rows that got
+  proposals, per step), `vaswani_spec_decode_num_draft_tokens_total` (tokens proposed) and
+  `vaswani_spec_decode_num_accepted_tokens_total` (proposals kept); the acceptance rate is accepted / proposed.
 
     >>> metrics = ServerMetrics(service)
     >>> metrics.render()  # the text format, for GET /metrics
@@ -28,6 +31,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from .speculation import SpeculationCollector
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -90,6 +95,8 @@ class ServerMetrics:
             scheduler.step_listeners.append(self.batch_size.observe)
             if scheduler.prefix_cache is not None:
                 registry.register(PrefixCacheCollector(scheduler.prefix_cache))
+            if scheduler.speculator is not None:
+                registry.register(SpeculationCollector(scheduler.speculator))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -208,6 +208,15 @@ class RowSampler:
 
     def choose(self, logits: np.ndarray) -> int:
         """The next token for this row's `logits` (vocab,)."""
+        scores = self.scores(logits)
+        if self.generator is None:
+            return int(scores.argmax(-1))
+        probabilities = torch.softmax(scores, dim=-1)
+        return int(torch.multinomial(probabilities, num_samples=1, generator=self.generator))
+
+    def scores(self, logits: np.ndarray) -> torch.Tensor:
+        """This row's scores (1, vocab) for `logits` (vocab,) after its grammar, `min_tokens` and processors: what
+        `choose` takes the argmax of or samples from. Raises where no token is left."""
         scores = torch.from_numpy(np.array(logits, dtype=np.float32, copy=True))[None]  # the processors' own copy
         ids = self.ids[:, : self.length] if self.ids is not None else None
         if self.matcher is not None:
@@ -220,10 +229,7 @@ class RowSampler:
             raise ValueError(
                 "no token is allowed: the request's grammar, logit_bias and min_tokens together exclude every token"
             )
-        if self.generator is None:
-            return int(scores.argmax(-1))
-        probabilities = torch.softmax(scores, dim=-1)
-        return int(torch.multinomial(probabilities, num_samples=1, generator=self.generator))
+        return scores
 
     def record(self, token: int) -> None:
         """Count `token` as part of the answer (for the penalties, and the grammar: a token that ends the answer is

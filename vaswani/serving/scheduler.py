@@ -46,6 +46,7 @@ from .batches import Batch, Prefill
 from .prefix_cache import PrefixCache
 from .sampling import RowSampler, SamplingParams, TokenChoice, TokenLogprobs
 from .sampling import choose_tokens as choose_row_tokens
+from .speculation import Speculator
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class Scheduler:
         max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
         prefix_cache: PrefixCache | None = None,
         max_prefill_tokens: int = 2048,
+        speculator: Speculator | None = None,
     ):
         if max_batch < 1 or max_waiting < 0:
             raise ValueError("max_batch must be at least 1 and max_waiting at least 0.")
@@ -155,6 +157,8 @@ class Scheduler:
         # ones (a prompt's chunk and the decoding step after it share an entry).
         self.step_log: deque[tuple[int, int]] = deque(maxlen=4096)
         self.mask_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vaswani-grammar")
+        # Speculative decoding (`speculation`): None decodes one token per row and step.
+        self.speculator = speculator
 
     # -- the API the server calls, from any thread
 
@@ -195,6 +199,8 @@ class Scheduler:
         stats = {"running": len(self.batch), "prefilling": prefilling, "waiting": len(self.waiting), "seconds": seconds}
         if self.prefix_cache is not None:
             stats["prefix_cache"] = self.prefix_cache.stats()
+        if self.speculator is not None:
+            stats["speculation"] = self.speculator.stats()
         return stats
 
     def start(self) -> "Scheduler":
@@ -335,6 +341,8 @@ class Scheduler:
         rows = self.batch.rows
         if not rows:
             return
+        if self.speculator is not None and self._speculative_step(rows):
+            return
         self.decoded = len(rows)
         tokens = np.array([sequence.generated[-1] for sequence in rows], dtype=np.int64)
         # The grammars' masks for this step's tokens are computed beside the step (llguidance and ONNX Runtime both
@@ -350,6 +358,10 @@ class Scheduler:
         with self.timed("sampling"):
             tokens = choose_tokens(logits, rows)
         self._accept(rows, tokens)
+        self._leave(rows)
+
+    def _leave(self, rows: list[Sequence]) -> None:
+        """Drop the finished rows from the batch, their tokens stored in the prefix cache first."""
         if self.prefix_cache is not None:
             with self.timed("prefix_cache"):
                 for row, sequence in enumerate(rows):
@@ -358,6 +370,23 @@ class Scheduler:
                         self.prefix_cache.store(fed, partial(self.batch.row_cache, row))
         with self.timed("leave"):
             self.batch.keep([i for i, sequence in enumerate(rows) if not sequence.finished])
+
+    def _speculative_step(self, rows: list[Sequence]) -> bool:
+        """A decoding step that verifies each row's proposed tokens (`Speculator`); False, having done nothing, where
+        this step should be a plain one. Each row's tokens are accepted in order, as if decoded one per step."""
+        proposed = self.speculator.proposals(rows, self.model.context_length)
+        if proposed is None:
+            return False
+        with self.timed("decode"):
+            chosen = self.speculator.step(self.batch, rows, proposed)
+        self.steps += 1
+        self.decoded = len(rows) + sum(len(tokens) for tokens in proposed)  # each row's last token and proposals
+        for depth in range(max(len(choices) for choices in chosen)):
+            at_depth = [(row, choices[depth]) for row, choices in enumerate(chosen) if len(choices) > depth]
+            at_depth = [(rows[row], choice) for row, choice in at_depth if not rows[row].finished]
+            self._accept([sequence for sequence, _ in at_depth], [choice for _, choice in at_depth])
+        self._leave(rows)
+        return True
 
     @contextmanager
     def timed(self, part: str) -> Iterator[None]:

@@ -22,6 +22,7 @@ from .prefix_cache import DEFAULT_MAX_BYTES as DEFAULT_PREFIX_CACHE_BYTES
 from .prefix_cache import PrefixCache
 from .protocol import OpenAIError
 from .scheduler import DEFAULT_MAX_NUM_BATCHED_TOKENS, Scheduler
+from .speculation import check_draft, speculator_for
 from .tools import TOOL_CALL_PARSERS, ToolCallFormat, tool_call_format
 
 log = logging.getLogger(__name__)
@@ -196,6 +197,7 @@ def load_service(
     engine: str = "onnxruntime",
     openvino_precision: str = "auto",
     tool_call_parser: str | None = None,
+    speculative_config: str | dict | None = None,
 ) -> GenerationService | EncoderService:
     """Load `folder` for serving: an exported ONNX folder (`backend="onnx"`, on `provider` "cpu" or "cuda") or a
     PyTorch vaswani folder (`backend="torch"`), local or a Hub repository id; `threads` ONNX Runtime's intra-op threads
@@ -206,7 +208,10 @@ def load_service(
     (`model.decoder_runtime.step_model()`); `tool_call_parser` names the format its tool calls are parsed in
     ("hermes", "llama3_json"; default: the one its chat template shows). The scheduler computes at most
     `max_num_batched_tokens` tokens per iteration (decode tokens and a prompt chunk) and keeps prompt prefixes' keys
-    and values in a prefix cache of `prefix_cache_bytes` (0: none). The scheduler is not started."""
+    and values in a prefix cache of `prefix_cache_bytes` (0: none); `speculative_config` turns on speculative
+    decoding (vLLM's `--speculative-config` JSON or a dict, `speculation.SpeculativeConfig`: prompt lookup or a draft
+    model; default off). The scheduler is not started."""
+    speculator = speculator_for(speculative_config, provider, threads)
     if tool_call_parser not in (None, "auto", *TOOL_CALL_PARSERS):
         choices = ", ".join(["auto", *TOOL_CALL_PARSERS])
         raise ValueError(f"Unknown tool call parser {tool_call_parser!r}; use one of {choices}.")
@@ -236,8 +241,14 @@ def load_service(
         if task in EncoderService.kinds:
             return EncoderService(name, tokenizer, model, task)
         step_model = model.decoder_runtime.step_model()
+        check_draft(speculator, step_model.vocab_size)
         scheduler = Scheduler(
-            step_model, max_batch, max_waiting, max_num_batched_tokens, prefix_cache(prefix_cache_bytes)
+            step_model,
+            max_batch,
+            max_waiting,
+            max_num_batched_tokens,
+            prefix_cache(prefix_cache_bytes),
+            speculator=speculator,
         )
         return GenerationService(
             name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer), tool_call_parser
@@ -250,8 +261,10 @@ def load_service(
         model = VaswaniForCausalLM.from_pretrained(folder)
         if provider == "cuda":
             model = model.to("cuda")
+        check_draft(speculator, model.config.vocab_size)
+        cache = prefix_cache(prefix_cache_bytes)
         scheduler = Scheduler(
-            TorchStepModel(model), max_batch, max_waiting, max_num_batched_tokens, prefix_cache(prefix_cache_bytes)
+            TorchStepModel(model), max_batch, max_waiting, max_num_batched_tokens, cache, speculator=speculator
         )
         return GenerationService(
             name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer), tool_call_parser

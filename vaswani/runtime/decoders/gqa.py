@@ -21,6 +21,7 @@ from ..gqa import GqaDecoder
 from ..held_cache import held_cache_sample
 from ..session import checked_mask, logits_positions
 from .portable import context_length
+from .verification import rollback_lengths, verify_lengths
 
 
 class GqaRuntime:
@@ -257,6 +258,15 @@ class GqaBatch:
         self.decoder.session.run_with_iobinding(self.binding)
         self.lengths += 1
         return self.logits
+
+    def verify(self, fed: list[list[int]]) -> np.ndarray:
+        """Feed each row its tokens `fed[i]` (its last token and proposals) in one call; the logits of every fed
+        position (rows, longest, vocab). Speculative decoding's step (`verification`)."""
+        return verify_lengths(self, fed)
+
+    def rollback(self, rejected: list[int]) -> None:
+        """Forget the last `rejected[i]` tokens of each row (proposals that were not kept)."""
+        rollback_lengths(self, rejected)
 
     def bind(self) -> None:
         """Bind the running rows' view of the buffers and the step's inputs and logits, which `step` then writes in

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..contract import is_gqa_form, positions_from_mask
+from .verification import rollback_padded, verify_padded
 
 
 class PortableRuntime:
@@ -149,15 +150,22 @@ class OrtStepModel(PaddedStepModel):
         return past if self.graph.use_io_binding else [tensor.numpy() for tensor in past]
 
     def run(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray, positions: np.ndarray, past: list[Array]
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        positions: np.ndarray,
+        past: list[Array],
+        logits_to_keep: int = 1,
     ) -> tuple[np.ndarray, list[Array]]:
         """Feed `input_ids` (batch, new) after `past` (batch, heads, cached, head_dim per tensor) under
-        `attention_mask` (batch, cached + new); returns the last position's logits as float32 (batch, vocab) and the
-        cache (batch, heads, cached + new, head_dim)."""
+        `attention_mask` (batch, cached + new); returns the last position's logits as float32 (batch, vocab) (with
+        `logits_to_keep` > 1, the last positions' (batch, logits_to_keep, vocab)) and the cache (batch, heads,
+        cached + new, head_dim)."""
+        new = input_ids.shape[1]
         inputs = {
             "input_ids": torch.from_numpy(input_ids),
             "attention_mask": torch.from_numpy(attention_mask),
-            "logits_positions": torch.tensor([input_ids.shape[1] - 1]),
+            "logits_positions": torch.arange(new - logits_to_keep, new),
         }
         if self.takes_positions:
             inputs["position_ids"] = torch.from_numpy(positions)
@@ -166,7 +174,8 @@ class OrtStepModel(PaddedStepModel):
         else:
             inputs = {name: tensor.to(self.model.device) for name, tensor in inputs.items()}
             logits, present = self.model.run_decoding_graph(inputs, past, None)
-        return logits[:, -1].float().cpu().numpy(), present
+        logits = logits[:, -1] if logits_to_keep == 1 else logits
+        return logits.float().cpu().numpy(), present
 
 
 def context_length(config: Any) -> int:
@@ -306,6 +315,15 @@ class RunningBatch:
         logits, self.cache = self.model.run(tokens.reshape(-1, 1), mask, positions, self.cache)
         self.mask = mask
         return logits
+
+    def verify(self, fed: list[list[int]]) -> np.ndarray:
+        """Feed each row its tokens `fed[i]` (its last token and proposals) in one call; the logits of every fed
+        position (rows, longest, vocab). Speculative decoding's step (`verification`)."""
+        return verify_padded(self, fed)
+
+    def rollback(self, rejected: list[int]) -> None:
+        """Forget the last `rejected[i]` tokens of each row (proposals that were not kept)."""
+        rollback_padded(self, rejected)
 
     def keep(self, rows: list[int]) -> None:
         """Keep only the rows listed (in that order), then `trim`."""
