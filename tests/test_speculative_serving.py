@@ -27,7 +27,7 @@ from vaswani.serving import SamplingParams, create_app, load_service  # noqa: E4
 from vaswani.serving.batches import TorchStepModel  # noqa: E402
 from vaswani.serving.draft import DraftProposer, load_draft  # noqa: E402
 from vaswani.serving.scheduler import Scheduler  # noqa: E402
-from vaswani.serving.speculation import SpeculativeConfig, Speculator  # noqa: E402
+from vaswani.serving.speculation import SpeculativeConfig, Speculator, check_draft  # noqa: E402
 
 # Text that repeats itself, so that prompt lookup finds n-grams to propose.
 REPEATING = "Once upon a time there was a cat. The cat was happy. Once upon a time there was a cat. The cat"
@@ -302,3 +302,16 @@ def test_bad_speculative_config_is_refused_with_what_to_fix(tiny_chat_pair, caps
             SpeculativeConfig.parse(config)
     assert vaswani(["serve", str(tiny_chat_pair["onnx"]), "--speculative-config", config]) == 2
     assert named in capsys.readouterr().err
+
+
+def test_load_service_loads_a_draft_model_and_checks_its_vocabulary(folders, tiny_chat_pair, tokenizer):
+    config = {"method": "draft_model", "model": str(tiny_chat_pair["onnx"]), "num_speculative_tokens": 3}
+    service = load_service(folders["gqa-int8"], threads=1, speculative_config=config)
+    assert service.scheduler.speculator.draft is not None
+    requests = [(prompts(tokenizer)[0], greedy())]
+    [(plain, _, _)] = scheduled_results(Scheduler(service.scheduler.model), requests)
+    [(speculative, _, _)] = scheduled_results(service.scheduler, requests)
+    assert speculative == plain and service.scheduler.speculator.draft_tokens > 0
+    other = Speculator(SpeculativeConfig(method="draft_model", model="other"), service.scheduler.speculator.draft)
+    with pytest.raises(ValueError, match="vocabulary"):
+        check_draft(other, service.vocab_size + 1)  # a draft whose tokenizer is not the served model's

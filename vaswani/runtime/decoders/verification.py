@@ -7,6 +7,7 @@ lengths, `RunningBatch` a left-padded cache and mask: OpenVINO's and PyTorch's b
     >>> batch.rollback([rejected for each row])
 """
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,9 @@ class VerifyBinding:
 
     def __init__(self, batch: Any, width: int):
         rows = len(batch.rows)
-        self.buffer, self.rows, self.width = batch.buffers[0], rows, width  # the key; holding the buffer pins its id
+        # The key. Weakly: the batch lets its buffers go when it grows or empties, and the binding must not keep
+        # them (the batch replaces all of them together, so the first one stands for the set).
+        self.buffer, self.rows, self.width = weakref.ref(batch.buffers[0]), rows, width
         self.feeds = {
             "input_ids": torch.zeros(rows, width, dtype=torch.int64),
             "seqlens_k": torch.zeros(rows, dtype=torch.int32),
@@ -39,11 +42,11 @@ class VerifyBinding:
             "logits_positions": torch.arange(width),
         }
         self.logits = torch.empty(rows, width, batch.decoder.vocab)
-        self.views = [buffer[:rows] for buffer in batch.buffers]
-        self.binding = batch.decoder.bind(self.feeds, self.views, self.logits)
+        views = [buffer[:rows] for buffer in batch.buffers]
+        self.binding = batch.decoder.bind(self.feeds, views, self.logits)
 
     def fits(self, batch: Any, width: int) -> bool:
-        return self.buffer is batch.buffers[0] and self.rows == len(batch.rows) and self.width == width
+        return self.buffer() is batch.buffers[0] and self.rows == len(batch.rows) and self.width == width
 
 
 def verify_lengths(batch: Any, fed: list[list[int]]) -> np.ndarray:
