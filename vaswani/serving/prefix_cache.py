@@ -141,10 +141,6 @@ class PrefixCache:
             self.evicted_blocks += 1
         return True
 
-    def clear(self) -> None:
-        self.blocks.clear()
-        self.bytes = 0
-
     def stats(self) -> dict[str, int]:
         """For /health: blocks and bytes held, tokens looked up and found."""
         return {

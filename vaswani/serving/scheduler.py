@@ -87,7 +87,6 @@ class Sequence:
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
     finished: bool = False
-    cached: int = 0  # prompt tokens found in the prefix cache
 
     def __post_init__(self) -> None:
         self.sampler = RowSampler(self.prompt, self.params)
@@ -271,7 +270,7 @@ class Scheduler:
             longest = longer
             if self.prefix_cache is not None:
                 with self.timed("prefix_cache"):
-                    sequence.cached, prefix = self.prefix_cache.lookup(sequence.prompt)
+                    _, prefix = self.prefix_cache.lookup(sequence.prompt)
                 prefixes.append(prefix)
         self.waiting.extendleft(reversed(deferred))
         prompts = [sequence.prompt for sequence in group]
