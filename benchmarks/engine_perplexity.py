@@ -51,8 +51,14 @@ def engine_windows(ids: list[int], context: int, stride: int) -> list[dict]:
 def engine_perplexity(python: Path, helper: str, location: Path, request: dict, context: int, stride: int):
     """A function of the token ids that runs `helper perplexity location` in an engine's venv, with the request and
     the ids' windows on stdin, and returns its perplexity."""
+    scores = engine_scores(python, helper, location, request, context, stride)
+    return lambda ids: scores(ids)["perplexity"]
 
-    def measure(ids: list[int]) -> float:
+
+def engine_scores(python: Path, helper: str, location: Path, request: dict, context: int, stride: int):
+    """As `engine_perplexity`, returning the engine's whole result: perplexity, mean NLL and tokens scored."""
+
+    def measure(ids: list[int]) -> dict:
         result = subprocess.run(
             [str(python), str(HELPERS / helper), "perplexity", str(location)],
             input=json.dumps({**request, "windows": engine_windows(ids, context, stride)}),
@@ -61,7 +67,7 @@ def engine_perplexity(python: Path, helper: str, location: Path, request: dict, 
         )
         for line in result.stdout.splitlines():
             if line.startswith("RESULT "):
-                return json.loads(line.removeprefix("RESULT "))["perplexity"]
+                return json.loads(line.removeprefix("RESULT "))
         raise RuntimeError(
             f"{helper} perplexity {location} failed (exit {result.returncode}):\n{result.stderr[-2000:]}"
         )

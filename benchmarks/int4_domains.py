@@ -5,7 +5,10 @@ texts that chose a default are reported apart from texts that no default was tun
     python -m benchmarks.int4_domains --build fp32=/tmp/smol/onnx-fp32 --build int8=/tmp/smol/onnx-int8 \\
         --build int4=/tmp/smol/onnx-int4 --json docs/results/int4_domains.json --markdown docs/results/int4_domains.md
 
-The first `--build` is the reference. Texts (all ship with the repository or are made from it, nothing downloads):
+The first `--build` is the reference. `--gguf NAME=FILE` adds llama.cpp builds of the same model (GGUFs that
+llama.cpp's converter and quantizer made, as benchmarks/benchmark_engines.py makes them), scored on the same token ids
+(the reference's tokenizer) and windows by llama.cpp in its own venv (benchmarks/engines/gguf_tools.py, flash attention
+on, its CPU default), so that a layout is judged beside llama.cpp's on every text. Texts (all ship with the repository or are made from it, nothing downloads):
 
 - Tuning texts: the five that chose the int4 export's 8-bit budget default (0.3) and compared its layouts: technical
   = docs/results/real_model_text.txt, legal and dialogue = benchmarks/texts/, code = the package's own
@@ -60,7 +63,9 @@ def tuning_texts() -> dict[str, str]:
         "technical": (ROOT / "docs" / "results" / "real_model_text.txt").read_text(),
         "legal": (ROOT / "benchmarks" / "texts" / "legal.txt").read_text(),
         "dialogue": (ROOT / "benchmarks" / "texts" / "dialogue.txt").read_text(),
-        "code": "\n\n".join((ROOT / "vaswani" / name).read_text() for name in ("perplexity.py", "loading.py")),
+        "code": "\n\n".join(
+            (ROOT / "vaswani" / name).read_text() for name in ("evaluation/perplexity.py", "runtime/loading.py")
+        ),
         "stories": story_text,
     }
 
@@ -93,6 +98,33 @@ def decoder_weight_bytes(folder: str) -> int:
     return sum(size for name, size in initializer_bytes(graph).items() if name not in tables)
 
 
+def gguf_build(path: str) -> dict:
+    """A llama.cpp build's entry: its file, what it is (the GGUF's type, from its name) and the bytes a decode step
+    reads, the whole file (SmolLM2 ties its head to the embedding, so the table a step looks rows up in is also the
+    head it reads in full; the file's metadata, the vocabulary, is under 2% of it)."""
+    return {"folder": path, "build": f"llama.cpp GGUF {Path(path).stem}", "weight_bytes": Path(path).stat().st_size}
+
+
+def score_ggufs(ggufs: dict[str, str], texts: dict[str, str], tokenizer_folder: str, args) -> dict[str, dict]:
+    """Each GGUF's perplexity, mean NLL and tokens on every text, by llama.cpp on the reference's token ids."""
+    from transformers import AutoTokenizer
+
+    from benchmarks.engine_perplexity import engine_scores
+    from vaswani.evaluation.perplexity import text_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
+    python = args.engines / "llamacpp" / "bin" / "python"
+    runs: dict[str, dict] = {}
+    for name, path in ggufs.items():
+        request = {"threads": args.threads, "flash_attn": True}
+        scores = engine_scores(python, "gguf_tools.py", Path(path), request, args.context, args.stride)
+        for text_name, text in texts.items():
+            result = scores(text_ids(tokenizer, text))
+            runs.setdefault(name, {})[text_name] = {key: result[key] for key in ("perplexity", "mean_nll", "tokens")}
+            print(f"{name} {text_name}: perplexity {result['perplexity']:.3f}", flush=True)
+    return runs
+
+
 def bench_rounds(builds: dict[str, str], rounds: int, threads: int) -> dict[str, list[dict]]:
     """`vaswani bench` of every build, each in its own process, in a rotated order per round: its JSON per round."""
     results: dict[str, list[dict]] = {name: [] for name in builds}
@@ -118,6 +150,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--stride", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--gguf", action="append", default=[], metavar="NAME=FILE", help="llama.cpp builds")
+    parser.add_argument("--engines", type=Path, default=Path.home() / ".cache" / "vaswani-bench-engines")
     parser.add_argument("--speed-rounds", type=int, default=0, help="also time each build with vaswani bench")
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--markdown", type=Path)
@@ -146,6 +180,10 @@ def main() -> None:
                 "perplexity": result.perplexity, "mean_nll": result.mean_nll, "tokens": result.tokens,
             }  # fmt: skip
             print(f"{name} {text_name}: {result.describe()}", flush=True)
+    if args.gguf:
+        ggufs = dict(gguf.split("=", 1) for gguf in args.gguf)
+        raw["builds"].update({name: gguf_build(path) for name, path in ggufs.items()})
+        raw["runs"].update(score_ggufs(ggufs, texts, next(iter(builds.values())), args))
     if args.speed_rounds:
         raw["bench"] = bench_rounds(builds, args.speed_rounds, args.threads)
     print(publish(raw, command_line(), machine(args.threads), args.json, args.markdown))

@@ -95,3 +95,37 @@ def test_the_int4_quality_sentence_quotes_the_tuning_and_held_out_ranges(documen
         for chosen in (int4_domains.TUNING, int4_domains.HELD_OUT):
             assert per_text_range(build, chosen).replace("+", "") in paragraph.replace("+", ""), (build, chosen)
     assert "held-out" in paragraph and "tuning" in paragraph
+
+
+def test_llama_cpp_builds_score_the_reference_tokenizers_ids_in_vaswanis_windows(tmp_path, monkeypatch):
+    """`--gguf` builds are scored by llama.cpp on the token ids that vaswani's own perplexity reads (the reference
+    build's tokenizer, no special tokens) and in the same windows; a build's bytes are its whole file (the tied head
+    is the embedding table)."""
+    import argparse
+
+    from serving_cases import tiny_chat_tokenizer
+
+    from benchmarks import engine_perplexity
+    from vaswani.evaluation.perplexity import text_ids
+
+    tokenizer = tiny_chat_tokenizer()
+    tokenizer.save_pretrained(tmp_path / "reference")
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"\0" * 1234)
+    calls = []
+
+    def scores(python, helper, location, request, context, stride):
+        def measure(ids):
+            calls.append((location, request, context, stride, ids))
+            return {"perplexity": 2.0, "mean_nll": math.log(2.0), "tokens": len(ids) - 1}
+
+        return measure
+
+    monkeypatch.setattr(engine_perplexity, "engine_scores", scores)
+    texts = {"a": "Once upon a time there was a cat.", "b": "The cat sat on the mat."}
+    args = argparse.Namespace(threads=2, context=16, stride=8, engines=tmp_path / "engines")
+    runs = int4_domains.score_ggufs({"Q4_0": str(gguf)}, texts, str(tmp_path / "reference"), args)
+    assert [call[4] for call in calls] == [text_ids(tokenizer, text) for text in texts.values()]
+    assert all(call[0] == gguf and call[1]["flash_attn"] and call[2:4] == (16, 8) for call in calls)
+    assert set(runs["Q4_0"]) == set(texts) and runs["Q4_0"]["a"]["tokens"] == len(calls[0][4]) - 1
+    assert int4_domains.gguf_build(str(gguf))["weight_bytes"] == 1234
