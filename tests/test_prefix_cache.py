@@ -274,6 +274,37 @@ def test_served_prefix_cache_reports_its_hits_in_metrics_and_health(folders, tok
         assert not any(name.startswith("vaswani_prefix_cache") for name, _ in scrape(http))
 
 
+def test_usage_reports_the_prompt_tokens_the_cache_supplied(folders, tokenizer):
+    """`usage.prompt_tokens_details.cached_tokens`, as OpenAI and vLLM report it: 0 for a prompt the cache has not
+    seen (with n=2, the prompt counted once, by its first choice), then, for the same prompt again, whole or streamed,
+    every full block but the one holding the last prompt token (which is always computed, for its logits); 0 with the
+    cache off."""
+    ids = tokenizer(corpus_stories()[210][:400])["input_ids"][:70]
+    reused = BLOCK * ((len(ids) - 1) // BLOCK)  # the block arithmetic: 64 of 70 tokens
+    assert reused == 64
+
+    def cached_tokens(http, **extra) -> int:
+        body = {"model": "tiny", "prompt": ids, "max_tokens": 2, "temperature": 0, **extra}
+        response = http.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        if not extra.get("stream"):
+            usage = response.json()["usage"]
+        else:
+            chunks = [line.removeprefix("data: ") for line in response.text.splitlines() if line.startswith("data: {")]
+            usage = httpx.Response(200, content=chunks[-1]).json()["usage"]
+        assert usage["prompt_tokens"] == len(ids)
+        return usage["prompt_tokens_details"]["cached_tokens"]
+
+    service = load_service(folders["gqa"], threads=1, name="tiny", prefix_cache_bytes=1 << 24)
+    with serving(create_app(service)) as server, httpx.Client(base_url=server.url) as http:
+        assert cached_tokens(http, n=2) == 0
+        assert cached_tokens(http) == reused
+        assert cached_tokens(http, stream=True, stream_options={"include_usage": True}) == reused
+    off = load_service(folders["gqa"], threads=1, name="tiny", prefix_cache_bytes=0)
+    with serving(create_app(off)) as server, httpx.Client(base_url=server.url) as http:
+        assert [cached_tokens(http) for _ in range(2)] == [0, 0]
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [

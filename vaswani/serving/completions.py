@@ -125,6 +125,11 @@ class Answer:
             remaining = max(0.0, self.received_at + timeout - time.perf_counter())
             self.timer = asyncio.get_running_loop().call_later(remaining, self.expire)
 
+    def cached_prompt_tokens(self, choices: int) -> int:
+        """Prompt tokens the prefix cache supplied, each prompt counted once as `prompt_tokens` counts it: its first
+        choice's (a later choice of the same prompt finds the blocks the first one stored)."""
+        return sum(sequence.cached_tokens for sequence in self.sequences[::choices])
+
     def emitter(self, index: int):
         put, queue = self.dispatcher.put, self.queue
         return lambda event: put(queue, (index, event))
@@ -370,7 +375,7 @@ async def answer(
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         return StreamingResponse(
             stream_events(
-                run, streams, kind, service.name, prefixes, include_usage, prompt_tokens, with_logprobs, tools
+                run, streams, kind, service.name, prefixes, include_usage, prompt_tokens, with_logprobs, tools, body.n
             ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -387,7 +392,7 @@ async def answer(
     finally:
         watcher.cancel()
         run.cancel()
-    usage = usage_body(prompt_tokens, sum(stream.generated for stream in streams))
+    usage = usage_body(prompt_tokens, sum(stream.generated for stream in streams), run.cached_prompt_tokens(body.n))
     bodies = None
     if with_logprobs:
         bodies = [logprobs_body(kind, tokens, len(prefix)) for tokens, prefix in zip(entries, prefixes)]
@@ -420,6 +425,7 @@ async def stream_events(
     prompt_tokens: int,
     with_logprobs: bool = False,
     tools: ToolUse | None = None,
+    choices: int = 1,
 ) -> AsyncIterator[str]:
     """The server-sent events of a streamed answer. When the client disconnects, Starlette cancels this generator at
     an await, and `finally` cancels the sequences. A token's log probabilities go out with the chunk that carries its
@@ -468,7 +474,8 @@ async def stream_events(
             yield sse(error.body())
             return
         if include_usage:
-            usage = usage_body(prompt_tokens, sum(stream.generated for stream in streams))
+            generated = sum(stream.generated for stream in streams)
+            usage = usage_body(prompt_tokens, generated, run.cached_prompt_tokens(choices))
             yield sse(usage_chunk_body(kind, id, created, model, usage))
         yield "data: [DONE]\n\n"
     finally:

@@ -87,6 +87,9 @@ class Sequence:
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
     finished: bool = False
+    # Prompt tokens whose keys and values the prefix cache supplied, set when the sequence joins a prefill group
+    # (the answer's `usage.prompt_tokens_details.cached_tokens`).
+    cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.sampler = RowSampler(self.prompt, self.params)
@@ -270,7 +273,7 @@ class Scheduler:
             longest = longer
             if self.prefix_cache is not None:
                 with self.timed("prefix_cache"):
-                    _, prefix = self.prefix_cache.lookup(sequence.prompt)
+                    sequence.cached_tokens, prefix = self.prefix_cache.lookup(sequence.prompt)
                 prefixes.append(prefix)
         self.waiting.extendleft(reversed(deferred))
         prompts = [sequence.prompt for sequence in group]
