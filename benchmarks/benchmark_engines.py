@@ -85,6 +85,7 @@ SYSTEMS = {
     # activations (MatMulNBits quantizes its input in blocks of the same size).
     "vaswani ORT int8, --block-size 64": ("vaswani-ort", "8-bit", "vaswani-onnx-int8-block64"),
     "vaswani ORT int8, --block-size 128": ("vaswani-ort", "8-bit", "vaswani-onnx-int8-block128"),
+    "vaswani ORT int8, --block-size 128, portable": ("vaswani-ort", "8-bit", "vaswani-onnx-int8-block128-portable"),
     "onnxruntime-genai int8": ("ortgenai", "8-bit", "ortgenai-int8"),
     "CTranslate2 int8": ("ctranslate2", "8-bit", "ct2-int8"),
     "vaswani ORT int4": ("vaswani-ort", "4-bit", "vaswani-onnx-int4"),
@@ -118,6 +119,8 @@ for _precision in ("fp32", "int8", "int4"):
     _portable = "vaswani ORT fp32" if _precision == "fp32" else f"vaswani ORT {_precision}, portable"
     _at = DECODER_SYSTEMS.index(_portable) + 1
     DECODER_SYSTEMS[_at:_at] = [f"{_portable}, --engine openvino"]
+_at = DECODER_SYSTEMS.index("vaswani ORT int8, --block-size 128, portable") + 1
+DECODER_SYSTEMS[_at:_at] = ["vaswani ORT int8, --block-size 128, portable, --engine openvino"]
 NO_OPENMP_SPINNING = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
 # Settings other than --threads threads and the engine's defaults: on the 2-vCPU VM of the seq2seq figures,
 # CTranslate2's default GEMM backend (Intel MKL) ran 2 intra-op threads at half the speed of 1, while its oneDNN
@@ -145,6 +148,7 @@ SYSTEM_SETTINGS = {
     # its one-token decode steps by ONNX Runtime.
     "vaswani ORT fp32, --engine openvino": {"request": {"ort_engine": "openvino"}},
     "vaswani ORT int8, portable, --engine openvino": {"request": {"ort_engine": "openvino"}},
+    "vaswani ORT int8, --block-size 128, portable, --engine openvino": {"request": {"ort_engine": "openvino"}},
     "vaswani ORT int4, portable, --engine openvino": {"request": {"ort_engine": "openvino"}},
 }
 for _name in SYSTEM_SETTINGS:
@@ -217,8 +221,8 @@ def build(recipe: str, args: argparse.Namespace, times: dict) -> Path:
     elif recipe.startswith("vaswani-onnx-"):
         source = build("vaswani", args, times)
         precision = recipe.removeprefix("vaswani-onnx-")
-        precision, _, attention = precision.partition("-") if precision.endswith(("-gqa", "-portable")) else (
-            precision, "", ""
+        precision, _, attention = (
+            precision.rpartition("-") if precision.endswith(("-gqa", "-portable")) else (precision, "", "")
         )
         command = [
             vaswani_cli,

@@ -8,7 +8,11 @@ texts that chose a default are reported apart from texts that no default was tun
 The first `--build` is the reference. `--gguf NAME=FILE` adds llama.cpp builds of the same model (GGUFs that
 llama.cpp's converter and quantizer made, as benchmarks/benchmark_engines.py makes them), scored on the same token ids
 (the reference's tokenizer) and windows by llama.cpp in its own venv (benchmarks/engines/gguf_tools.py, flash attention
-on, its CPU default), so that a layout is judged beside llama.cpp's on every text. Texts (all ship with the repository or are made from it, nothing downloads):
+on, its CPU default), so that a layout is judged beside llama.cpp's on every text; `--openvino-genai NAME=FOLDER` adds
+OpenVINO GenAI's builds (optimum-intel's export, scored by OpenVINO in its venv at its default compute precision).
+`--openvino-build NAME=FOLDER` scores a portable export with `--engine openvino`: every window is a prompt, so
+OpenVINO computes it (in bfloat16 where the CPU has it) as it computes a served batch. Texts (all ship with the
+repository or are made from it, nothing downloads):
 
 - Tuning texts: the five that chose the int4 export's 8-bit budget default (0.3) and compared its layouts: technical
   = docs/results/real_model_text.txt, legal and dialogue = benchmarks/texts/, code = the package's own
@@ -105,19 +109,42 @@ def gguf_build(path: str) -> dict:
     return {"folder": path, "build": f"llama.cpp GGUF {Path(path).stem}", "weight_bytes": Path(path).stat().st_size}
 
 
-def score_ggufs(ggufs: dict[str, str], texts: dict[str, str], tokenizer_folder: str, args) -> dict[str, dict]:
-    """Each GGUF's perplexity, mean NLL and tokens on every text, by llama.cpp on the reference's token ids."""
+def openvino_genai_build(folder: str) -> dict:
+    """An OpenVINO GenAI build's entry (optimum-intel's export, as benchmarks/benchmark_engines.py makes it): its
+    folder and the bytes of its weights file, which hold the tied head once (a decode step reads it in full)."""
+    size = (Path(folder) / "openvino_model.bin").stat().st_size
+    return {
+        "folder": folder,
+        "build": "OpenVINO GenAI (optimum-intel export), its default compute",
+        "weight_bytes": size,
+    }
+
+
+# How each other engine scores windows in its own venv (benchmarks/engines/): its helper and request, at the engine's
+# CPU defaults (llama.cpp's flash attention on; OpenVINO's own compute precision).
+ENGINE_SCORERS = {
+    "llamacpp": ("gguf_tools.py", {"flash_attn": True}),
+    "openvino": ("openvino_tools.py", {"options": {}}),
+}
+
+
+def score_engine_builds(
+    engine: str, builds: dict[str, str], texts: dict[str, str], tokenizer_folder: str, args
+) -> dict[str, dict]:
+    """Each of another engine's builds' perplexity, mean NLL and tokens on every text, scored by that engine (its
+    venv under --engines) on the reference's token ids and windows."""
     from transformers import AutoTokenizer
 
     from benchmarks.engine_perplexity import engine_scores
     from vaswani.evaluation.perplexity import text_ids
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
-    python = args.engines / "llamacpp" / "bin" / "python"
+    python = args.engines / engine / "bin" / "python"
+    helper, settings = ENGINE_SCORERS[engine]
     runs: dict[str, dict] = {}
-    for name, path in ggufs.items():
-        request = {"threads": args.threads, "flash_attn": True}
-        scores = engine_scores(python, "gguf_tools.py", Path(path), request, args.context, args.stride)
+    for name, path in builds.items():
+        request = {"threads": args.threads, **settings}
+        scores = engine_scores(python, helper, Path(path), request, args.context, args.stride)
         for text_name, text in texts.items():
             result = scores(text_ids(tokenizer, text))
             runs.setdefault(name, {})[text_name] = {key: result[key] for key in ("perplexity", "mean_nll", "tokens")}
@@ -125,8 +152,9 @@ def score_ggufs(ggufs: dict[str, str], texts: dict[str, str], tokenizer_folder: 
     return runs
 
 
-def bench_rounds(builds: dict[str, str], rounds: int, threads: int) -> dict[str, list[dict]]:
-    """`vaswani bench` of every build, each in its own process, in a rotated order per round: its JSON per round."""
+def bench_rounds(builds: dict[str, str], rounds: int, threads: int, engines: dict[str, str]) -> dict[str, list[dict]]:
+    """`vaswani bench` of every build (under its engine), each in its own process, in a rotated order per round: its
+    JSON per round."""
     results: dict[str, list[dict]] = {name: [] for name in builds}
     names = list(builds)
     with tempfile.TemporaryDirectory() as scratch:
@@ -135,6 +163,7 @@ def bench_rounds(builds: dict[str, str], rounds: int, threads: int) -> dict[str,
                 output = Path(scratch) / "bench.json"
                 command = [sys.executable, "-m", "vaswani.cli.main", "bench", builds[name], "--batch-sizes", "1", "8"]
                 command += ["--new-tokens", "64", "--rounds", "1", "--threads", str(threads), "--json", str(output)]
+                command += ["--engine", engines[name]]
                 subprocess.run(command, check=True, capture_output=True)
                 results[name].append(json.loads(output.read_text()))
                 row = results[name][-1]["rows"][0]
@@ -151,6 +180,14 @@ def main() -> None:
     parser.add_argument("--stride", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--gguf", action="append", default=[], metavar="NAME=FILE", help="llama.cpp builds")
+    parser.add_argument(
+        "--openvino-build", action="append", default=[], metavar="NAME=FOLDER",
+        help="a portable export scored with --engine openvino (prompts, so every window, run by OpenVINO)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--openvino-genai", action="append", default=[], metavar="NAME=FOLDER",
+        help="OpenVINO GenAI builds (optimum-intel exports), scored by OpenVINO at its default compute precision",
+    )  # fmt: skip
     parser.add_argument("--engines", type=Path, default=Path.home() / ".cache" / "vaswani-bench-engines")
     parser.add_argument("--speed-rounds", type=int, default=0, help="also time each build with vaswani bench")
     parser.add_argument("--json", type=Path, required=True)
@@ -159,13 +196,21 @@ def main() -> None:
     from vaswani.evaluation.perplexity import folder_perplexity
 
     builds = dict(build.split("=", 1) for build in args.build)
+    openvino_builds = dict(build.split("=", 1) for build in args.openvino_build)
+    engines = {name: "onnxruntime" for name in builds} | {name: "openvino" for name in openvino_builds}
+    builds |= openvino_builds
     sets = {TUNING: tuning_texts(), HELD_OUT: held_out_texts()}
     texts = {name: cut(text) for chosen in sets.values() for name, text in chosen.items()}
     raw = {
         "model": "SmolLM2-135M-Instruct, exported by vaswani export (the builds' manifests say how)",
         "texts": {name: {"set": chosen, "characters": len(texts[name])} for chosen in sets for name in sets[chosen]},
         "builds": {
-            name: {"folder": folder, "build": describe_build(folder), "weight_bytes": decoder_weight_bytes(folder)}
+            name: {
+                "folder": folder,
+                "engine": engines[name],
+                "weight_bytes": decoder_weight_bytes(folder),
+                "build": describe_build(folder) + (", run by --engine openvino" if engines[name] == "openvino" else ""),
+            }  # fmt: skip
             for name, folder in builds.items()
         },
         "context": args.context,
@@ -175,17 +220,24 @@ def main() -> None:
     }
     for name, folder in builds.items():  # each build loaded once per text (ONNX Runtime sessions are cheap to open)
         for text_name, text in texts.items():
-            result = folder_perplexity(folder, text, context=args.context, stride=args.stride, threads=args.threads)
+            result = folder_perplexity(
+                folder, text, context=args.context, stride=args.stride, threads=args.threads, engine=engines[name]
+            )
             raw["runs"].setdefault(name, {})[text_name] = {
                 "perplexity": result.perplexity, "mean_nll": result.mean_nll, "tokens": result.tokens,
             }  # fmt: skip
             print(f"{name} {text_name}: {result.describe()}", flush=True)
-    if args.gguf:
-        ggufs = dict(gguf.split("=", 1) for gguf in args.gguf)
-        raw["builds"].update({name: gguf_build(path) for name, path in ggufs.items()})
-        raw["runs"].update(score_ggufs(ggufs, texts, next(iter(builds.values())), args))
+    for engine, given, entry in (
+        ("llamacpp", args.gguf, gguf_build),
+        ("openvino", args.openvino_genai, openvino_genai_build),
+    ):
+        others = dict(build.split("=", 1) for build in given)
+        if not others:
+            continue
+        raw["builds"].update({name: entry(path) for name, path in others.items()})
+        raw["runs"].update(score_engine_builds(engine, others, texts, next(iter(builds.values())), args))
     if args.speed_rounds:
-        raw["bench"] = bench_rounds(builds, args.speed_rounds, args.threads)
+        raw["bench"] = bench_rounds(builds, args.speed_rounds, args.threads, engines)
     print(publish(raw, command_line(), machine(args.threads), args.json, args.markdown))
 
 

@@ -97,10 +97,11 @@ def test_the_int4_quality_sentence_quotes_the_tuning_and_held_out_ranges(documen
     assert "held-out" in paragraph and "tuning" in paragraph
 
 
-def test_llama_cpp_builds_score_the_reference_tokenizers_ids_in_vaswanis_windows(tmp_path, monkeypatch):
-    """`--gguf` builds are scored by llama.cpp on the token ids that vaswani's own perplexity reads (the reference
-    build's tokenizer, no special tokens) and in the same windows; a build's bytes are its whole file (the tied head
-    is the embedding table)."""
+@pytest.mark.parametrize("engine", ["llamacpp", "openvino"])
+def test_other_engines_builds_score_the_reference_tokenizers_ids_in_vaswanis_windows(engine, tmp_path, monkeypatch):
+    """`--gguf` and `--openvino-genai` builds are scored by their engine (its helper, in its venv) on the token ids
+    that vaswani's own perplexity reads (the reference build's tokenizer, no special tokens) and in the same windows;
+    a build's bytes are its whole weights file (the tied head is the embedding table)."""
     import argparse
 
     from serving_cases import tiny_chat_tokenizer
@@ -110,11 +111,21 @@ def test_llama_cpp_builds_score_the_reference_tokenizers_ids_in_vaswanis_windows
 
     tokenizer = tiny_chat_tokenizer()
     tokenizer.save_pretrained(tmp_path / "reference")
-    gguf = tmp_path / "model.gguf"
-    gguf.write_bytes(b"\0" * 1234)
+    if engine == "llamacpp":
+        build = tmp_path / "model.gguf"
+        build.write_bytes(b"\0" * 1234)
+        entry = int4_domains.gguf_build(str(build))
+    else:
+        build = tmp_path / "openvino-int8"
+        build.mkdir()
+        (build / "openvino_model.bin").write_bytes(b"\0" * 1234)
+        entry = int4_domains.openvino_genai_build(str(build))
     calls = []
 
     def scores(python, helper, location, request, context, stride):
+        assert python == tmp_path / "engines" / engine / "bin" / "python"
+        assert helper == {"llamacpp": "gguf_tools.py", "openvino": "openvino_tools.py"}[engine]
+
         def measure(ids):
             calls.append((location, request, context, stride, ids))
             return {"perplexity": 2.0, "mean_nll": math.log(2.0), "tokens": len(ids) - 1}
@@ -124,8 +135,45 @@ def test_llama_cpp_builds_score_the_reference_tokenizers_ids_in_vaswanis_windows
     monkeypatch.setattr(engine_perplexity, "engine_scores", scores)
     texts = {"a": "Once upon a time there was a cat.", "b": "The cat sat on the mat."}
     args = argparse.Namespace(threads=2, context=16, stride=8, engines=tmp_path / "engines")
-    runs = int4_domains.score_ggufs({"Q4_0": str(gguf)}, texts, str(tmp_path / "reference"), args)
+    runs = int4_domains.score_engine_builds(engine, {"q": str(build)}, texts, str(tmp_path / "reference"), args)
     assert [call[4] for call in calls] == [text_ids(tokenizer, text) for text in texts.values()]
-    assert all(call[0] == gguf and call[1]["flash_attn"] and call[2:4] == (16, 8) for call in calls)
-    assert set(runs["Q4_0"]) == set(texts) and runs["Q4_0"]["a"]["tokens"] == len(calls[0][4]) - 1
-    assert int4_domains.gguf_build(str(gguf))["weight_bytes"] == 1234
+    assert all(call[0] == build and call[1]["threads"] == 2 and call[2:4] == (16, 8) for call in calls)
+    assert all(call[1].get("flash_attn", engine != "llamacpp") for call in calls)  # llama.cpp's CPU default: on
+    assert set(runs["q"]) == set(texts) and runs["q"]["a"]["tokens"] == len(calls[0][4]) - 1
+    assert entry["weight_bytes"] == 1234
+
+
+def test_openvino_builds_are_scored_by_the_openvino_engine_and_labelled_so(tmp_path, monkeypatch):
+    """`--openvino-build` scores its folder with engine="openvino" (every window a prompt, so OpenVINO's arithmetic),
+    `--build` with ONNX Runtime, and the JSON says which engine scored each build."""
+    import sys
+
+    from vaswani.evaluation import perplexity
+
+    scored, published = [], {}
+
+    class Result:
+        perplexity, mean_nll, tokens = 2.0, math.log(2.0), 10
+
+        def describe(self):
+            return "perplexity 2.0"
+
+    def fake_perplexity(folder, text, engine="onnxruntime", **kwargs):
+        scored.append((folder, engine))
+        return Result()
+
+    monkeypatch.setattr(perplexity, "folder_perplexity", fake_perplexity)
+    monkeypatch.setattr(int4_domains, "tuning_texts", lambda: {"technical": "Some text."})
+    monkeypatch.setattr(int4_domains, "held_out_texts", lambda: {"news": "Other text."})
+    monkeypatch.setattr(int4_domains, "describe_build", lambda folder: f"export {folder}")
+    monkeypatch.setattr(int4_domains, "decoder_weight_bytes", lambda folder: 100)
+    monkeypatch.setattr(int4_domains, "publish", lambda raw, *rest: published.update(raw) or "page")
+    arguments = ["--build", "fp32=/a", "--openvino-build", "int8 ov=/b", "--json", str(tmp_path / "out.json")]
+    monkeypatch.setattr(sys, "argv", ["int4_domains", *arguments])
+    int4_domains.main()
+    assert sorted(set(scored)) == [("/a", "onnxruntime"), ("/b", "openvino")]
+    assert (
+        published["builds"]["int8 ov"]["engine"] == "openvino"
+        and published["builds"]["fp32"]["engine"] == "onnxruntime"
+    )
+    assert published["builds"]["int8 ov"]["build"].endswith("run by --engine openvino")
