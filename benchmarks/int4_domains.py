@@ -109,6 +109,13 @@ def gguf_build(path: str) -> dict:
     return {"folder": path, "build": f"llama.cpp GGUF {Path(path).stem}", "weight_bytes": Path(path).stat().st_size}
 
 
+def named_folders(values: list[str]) -> dict[str, str]:
+    """`NAME=PATH` arguments as name -> path (`engine_perplexity.named_paths`, which refuses a value without `=`)."""
+    from benchmarks.engine_perplexity import named_paths
+
+    return {name: str(path) for name, path in named_paths(values).items()}
+
+
 def openvino_genai_build(folder: str) -> dict:
     """An OpenVINO GenAI build's entry (optimum-intel's export, as benchmarks/benchmark_engines.py makes it): its
     folder and the bytes of its weights file, which hold the tied head once (a decode step reads it in full)."""
@@ -195,8 +202,7 @@ def main() -> None:
     args = parser.parse_args()
     from vaswani.evaluation.perplexity import folder_perplexity
 
-    builds = dict(build.split("=", 1) for build in args.build)
-    openvino_builds = dict(build.split("=", 1) for build in args.openvino_build)
+    builds, openvino_builds = named_folders(args.build), named_folders(args.openvino_build)
     engines = {name: "onnxruntime" for name in builds} | {name: "openvino" for name in openvino_builds}
     builds |= openvino_builds
     sets = {TUNING: tuning_texts(), HELD_OUT: held_out_texts()}
@@ -231,7 +237,7 @@ def main() -> None:
         ("llamacpp", args.gguf, gguf_build),
         ("openvino", args.openvino_genai, openvino_genai_build),
     ):
-        others = dict(build.split("=", 1) for build in given)
+        others = named_folders(given)
         if not others:
             continue
         raw["builds"].update({name: entry(path) for name, path in others.items()})
