@@ -189,11 +189,15 @@ def test_gqa_batch_rows_join_mid_stream_leave_early_and_grow_its_buffers_as_gene
 
 
 class RecordingGqaStepModel(GqaStepModel):
-    """The step model, recording (rows, columns) of every prefill call and (rows, capacity) of every decoding step."""
+    """The step model, recording (rows, columns) of every prefill call and (rows, capacity) of every decoding step.
+    Clearing `gate` holds the next decoding step until it is set again (`held` says a step is waiting): requests
+    submitted meanwhile reach the scheduler together, however slowly a busy machine runs the submitting thread."""
 
     def __init__(self, model):
         super().__init__(model, model.decoder_runtime.decoder)
         self.prefills, self.steps = [], []
+        self.gate, self.held = threading.Event(), threading.Event()
+        self.gate.set()
         run = self.decoder.run
 
         def recorded(input_ids, *args):
@@ -208,6 +212,9 @@ class RecordingGqaStepModel(GqaStepModel):
         original = batch.step
 
         def step(tokens):
+            if not step_model.gate.is_set():
+                step_model.held.set()
+                step_model.gate.wait(timeout=30)
             logits = original(tokens)
             step_model.steps.append((len(batch), batch.capacity))
             return logits
@@ -242,8 +249,11 @@ def test_engine_on_the_gqa_form_prefills_in_chunks_beside_running_rows(offline, 
         engine.submit(first, SamplingParams(max_tokens=120, **params), emitter(len(prompts)))
         while len(answers[len(prompts)]) < 3:
             threading.Event().wait(0.001)
+        step.gate.clear()  # the five arrive together, during one step of the long answer
+        assert step.held.wait(timeout=30)
         for index, prompt in enumerate(prompts):
             engine.submit(prompt, SamplingParams(max_tokens=lengths[index], **params), emitter(index))
+        step.gate.set()
         for _ in range(len(prompts) + 1):
             assert finished.acquire(timeout=30)
     finally:

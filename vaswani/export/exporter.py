@@ -219,7 +219,7 @@ class TracedModel:
             return self._references
         key = (quantization.scheme.rounding_bits, quantization.accuracy_level == 4)
         if key not in self._responses:
-            self._responses[key] = rounding_response(self.export_model, self.family, *key)
+            self._responses[key] = rounding_response(self.export_model, self.family, *key, task=self.task)
         return replace(self._references, rounding_response=self._responses[key])
 
     def manifest(self, quantization, optimize: bool, form: dict, folder: Path | None = None, decisions=None) -> dict:

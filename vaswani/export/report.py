@@ -53,20 +53,21 @@ def tolerance_of(quantization_or_dtype: str) -> tuple[str, float]:
 # first), so the graph lands about where the float model lands with every matrix rounded to nearest in the scheme's
 # `rounding_bits` (and, at accuracy level 4, every matrix's input rounded to int8 per block, as MatMulNBits computes),
 # simulated in PyTorch (`references.rounding_response`; int4's search and 8-bit budget round better than that, so it
-# errs on the loose side). A graph may land twice as far as that simulation: twice the relative RMS, four times the
+# errs on the loose side), on the same output and the same calls where it was measured there (a decoder's logits
+# and each cache), else on the logits or the worst hidden state. A graph may land twice as far as that simulation:
+# twice the relative RMS, four times the
 # cosine's distance from 1 (it goes with the square of the error), twice the top-1 disagreement; never tighter than
 # the scheme's bounds. A broken graph (a wrong attention rewrite, a dropped bias) moves the outputs by their whole
 # scale, far past either.
 ROUNDING_MARGIN = 2.0
 
 
-def widened_bounds(bounds: QuantizedBounds, response, is_logits: bool) -> QuantizedBounds:
-    """`bounds`, loosened to `ROUNDING_MARGIN` times how far the float model moves under simulated rounding
-    (`response`, a `references.RoundingResponse`, or None for the bounds as they are)."""
+def widened_bounds(bounds: QuantizedBounds, response, is_logits: bool, output: str = "") -> QuantizedBounds:
+    """`bounds`, loosened to `ROUNDING_MARGIN` times how far the float model's `output` moves under simulated
+    rounding (`response`, a `references.RoundingResponse`, or None for the bounds as they are)."""
     if response is None:
         return bounds
-    relative = response.logits_relative_rms if is_logits else response.states_relative_rms
-    cosine = response.logits_cosine if is_logits else response.states_cosine
+    relative, cosine = response.of(output, is_logits)
     return QuantizedBounds(
         relative_rms=max(bounds.relative_rms, ROUNDING_MARGIN * relative),
         cosine=min(bounds.cosine, 1 - ROUNDING_MARGIN**2 * (1 - cosine)),
@@ -195,6 +196,28 @@ class ValidationReport:
         lines += [f"- {row.problem()}" for row in self.matmul_failures]
         return lines
 
+    @staticmethod
+    def _bounds_line(response: RoundingResponse) -> str:
+        """Where a quantized export's bounds come from, with the simulated errors that widened them."""
+        inputs = " (inputs in int8)" if response.int8_activations else ""
+        line = (
+            f"Bounds: the format's, or {ROUNDING_MARGIN:g}x what rounding every matrix to nearest in {response.bits} "
+            f"bits{inputs} does to the float model where that is looser"
+        )
+        if response.outputs:
+            states = [value for name, value in response.outputs.items() if name != "logits"] or [(0.0, 1.0)]
+            relative, cosine = response.of("logits", is_logits=True)
+            return (
+                f"{line}, measured on each output and the same calls: logits relative RMS {relative:.3g}, cosine "
+                f"{cosine:.5f}, top-1 {response.logits_top1:.3f}; caches up to relative RMS "
+                f"{max(value[0] for value in states):.3g}, cosine down to {min(value[1] for value in states):.5f}."
+            )
+        return (
+            f"{line}: logits relative RMS {response.logits_relative_rms:.3g}, cosine {response.logits_cosine:.5f}, "
+            f"top-1 {response.logits_top1:.3f}; states relative RMS {response.states_relative_rms:.3g}, cosine "
+            f"{response.states_cosine:.5f}."
+        )
+
     def __str__(self) -> str:
         header = f"Validation against PyTorch ({self.provider}; tolerance {self.tolerance:g}, {self.tolerance_kind}):"
         if self.tolerance_kind == "quantized":
@@ -211,15 +234,7 @@ class ValidationReport:
                 for row in self.rows
             ]
             if self.rounding_response is not None:
-                response = self.rounding_response
-                inputs = " (inputs in int8)" if response.int8_activations else ""
-                lines += [
-                    "",
-                    f"Bounds: the format's, or {ROUNDING_MARGIN:g}x what rounding every matrix to nearest in "
-                    f"{response.bits} bits{inputs} does to the float model where that is looser: logits relative RMS {response.logits_relative_rms:.3g}, cosine "
-                    f"{response.logits_cosine:.5f}, top-1 {response.logits_top1:.3f}; states relative RMS "
-                    f"{response.states_relative_rms:.3g}, cosine {response.states_cosine:.5f}.",
-                ]
+                lines += ["", self._bounds_line(self.rounding_response)]
             return "\n".join(lines + self._matmul_lines())
         lines = [
             header,
@@ -358,7 +373,7 @@ class Comparison:
                 bounds = scheme.logits_bounds if errors.is_logits else scheme.states_bounds
                 if errors.is_logits:
                     bounds = replace(bounds, relative_rms=tolerance)
-                bounds = widened_bounds(bounds, response, errors.is_logits)
+                bounds = widened_bounds(bounds, response, errors.is_logits, name)
             allowed = (
                 tolerance
                 if bounds
