@@ -17,6 +17,9 @@ EXPECTED_FLAGS = {
         "--quantize", "int8", "--block-size", "128", "--attention", "portable",
     ],
     "vaswani ORT int4, --block-size 64": ["--quantize", "int4", "--block-size", "64"],
+    "vaswani ORT int4, --block-size 64 --int4-head-bits 4 --int4-8bit-budget 0.05": [
+        "--quantize", "int4", "--block-size", "64", "--int4-head-bits", "4", "--int4-8bit-budget", "0.05",
+    ],
     "vaswani ORT fp32, GQA": ["--attention", "gqa"],
 }  # fmt: skip
 
