@@ -32,11 +32,16 @@ def embedding_tables(folder: Path) -> dict[str, np.ndarray]:
 
 def saved_weight_bytes(folder: Path, pytorch_folder: Path) -> int:
     """The oracle: the bytes of the tensors stored in the folder's safetensors, or in its decoding graph's
-    initializers (loaded with their external data), less the embedding tables a decode step reads one row of: each
-    saved table unless a tied LM head reads it whole. A float graph's tied head reads the table itself (MatMul of
-    its Transpose); a quantized graph's head is its own 8-bit copy, so there the table is looked up only."""
+    initializers (loaded with their external data), less the tables a decode step reads one row of: each saved
+    embedding table unless a tied LM head reads it whole, and the rotary cos/sin tables (one row per position, of
+    the config's positions by half a head) that the GroupQueryAttention form stores. A float graph's tied head reads
+    the table itself (MatMul of its Transpose); a quantized graph's head is its own 8-bit copy, so there the table
+    is looked up only."""
     tables = embedding_tables(pytorch_folder)
-    tied = json.loads((pytorch_folder / "config.json").read_text()).get("tie_word_embeddings", False)
+    config = json.loads((pytorch_folder / "config.json").read_text())
+    tied = config.get("tie_word_embeddings", False)
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    rotary_table = (config["max_position_embeddings"], head_dim // 2)
     manifest = folder / "manifest.json"
     if not manifest.is_file():
         with safe_open(folder / "model.safetensors", "pt") as tensors:
@@ -53,7 +58,8 @@ def saved_weight_bytes(folder: Path, pytorch_folder: Path) -> int:
     return sum(
         array.nbytes
         for array in arrays
-        if not any(array.shape == table.shape and np.array_equal(array, table) for table in tables.values())
+        if array.shape != rotary_table
+        and not any(array.shape == table.shape and np.array_equal(array, table) for table in tables.values())
     )
 
 
@@ -149,6 +155,34 @@ def test_weight_bytes_of_a_quantized_graph_count_its_packed_initializers(folders
     quantized = weight_bytes(load_folder(folder))
     assert quantized == saved_weight_bytes(folder, folders["pytorch"])
     assert quantized < saved_weight_bytes(folders["onnx"], folders["pytorch"])
+
+
+def test_weight_bytes_leave_out_the_rotary_tables_of_the_group_query_attention_form(tmp_path: Path) -> None:
+    """A quantized Llama export is in ONNX Runtime's GroupQueryAttention form, which stores cos/sin tables of every
+    position that a step reads one row of: counting them would overstate a Llama-3.2-1B int4 step by 34 MB."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from vaswani.evaluation.speed import lookup_tables, weight_bytes
+    from vaswani.export import export_onnx
+    from vaswani.runtime.contract import is_gqa_form
+    from vaswani.runtime.loading import load_folder
+
+    from serving_cases import tiny_chat_tokenizer
+
+    torch.manual_seed(0)
+    tokenizer = tiny_chat_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    folder = tmp_path / "int8"
+    export_onnx(tmp_path / "llama", folder, task="text-generation", quantize="int8", validate=False)
+    loaded = load_folder(folder)
+    assert is_gqa_form(loaded.model.manifest)
+    assert {"gqa.cos_cache", "gqa.sin_cache"} <= lookup_tables(folder / "model.onnx")
+    assert weight_bytes(loaded) == saved_weight_bytes(folder, tmp_path / "llama")
 
 
 @pytest.mark.parametrize(

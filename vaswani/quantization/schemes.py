@@ -137,8 +137,8 @@ INT4_OPTIONS = (
             "choices": (4, 8),
             "help": "int4: bits of the LM head (default 8; 4 is onnxruntime-genai's layout, smaller and lossier). "
             "--block-size 64 --int4-head-bits 4 --int4-8bit-budget 0.05 is the speed-first int4: fewer bytes than "
-            "llama.cpp's Q4_0 (82 against 92 MB a token on SmolLM2-135M) at a little less perplexity (+22%% against "
-            "+24%% over fp32), where the default reads 117 MB at +3.5%%",
+            "llama.cpp's Q4_0 (80 against 92 MB a token on SmolLM2-135M) at a little less perplexity (+22%% against "
+            "+24%% over fp32), where the default reads 115 MB at +3.5%%",
         },
         "int4_head_bits={value} needs quantize='int4' and is 4 or 8.",
     ),
