@@ -303,26 +303,17 @@ def weight_bytes(location: Path) -> int:
 
 
 def bytes_read_per_token(location: Path) -> int:
-    """Weight bytes one decode step reads: the weight files, less an embedding table that only a Gather reads (one
-    row per token; ONNX exports that keep a float table beside a quantized head). CTranslate2's and GGUF's
-    quantized files hold one table for the embedding and the tied head, read in full by the head."""
-    total = weight_bytes(location)
+    """Weight bytes one decode step reads: the weight files or, for a vaswani ONNX export, its decoding graph's
+    initializers less the tables it reads one row of per token (`vaswani bench`'s count: an embedding table kept in
+    float beside a quantized head, GroupQueryAttention's rotary tables). CTranslate2's and GGUF's quantized files hold
+    one table for the embedding and the tied head, read in full by the head."""
     graph_file = location / "model.onnx" if location.is_dir() else None
     if graph_file is None or not graph_file.is_file():
-        return total
-    import onnx
+        return weight_bytes(location)
+    from vaswani.evaluation.speed import initializer_bytes, lookup_tables
 
-    graph = onnx.load(str(graph_file), load_external_data=False).graph
-    sizes = {"1": 4, "10": 2, "16": 2}  # float, float16, bfloat16
-    initializers = {tensor.name: tensor for tensor in graph.initializer}
-    uses: dict[str, list[str]] = {}
-    for node in graph.node:
-        for name in node.input:
-            uses.setdefault(name, []).append(node.op_type)
-    for name, tensor in initializers.items():
-        if uses.get(name) == ["Gather"] and len(tensor.dims) == 2 and str(tensor.data_type) in sizes:
-            total -= tensor.dims[0] * tensor.dims[1] * sizes[str(tensor.data_type)]
-    return total
+    tables = lookup_tables(graph_file)
+    return sum(size for name, size in initializer_bytes(graph_file).items() if name not in tables)
 
 
 # ------------------------------------------------------------------------------------------------ measuring

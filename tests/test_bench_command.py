@@ -160,14 +160,13 @@ def test_weight_bytes_of_a_quantized_graph_count_its_packed_initializers(folders
 def test_weight_bytes_leave_out_the_rotary_tables_of_the_group_query_attention_form(tmp_path: Path) -> None:
     """A quantized Llama export is in ONNX Runtime's GroupQueryAttention form, which stores cos/sin tables of every
     position that a step reads one row of: counting them would overstate a Llama-3.2-1B int4 step by 34 MB."""
+    from serving_cases import tiny_chat_tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from vaswani.evaluation.speed import lookup_tables, weight_bytes
     from vaswani.export import export_onnx
     from vaswani.runtime.contract import is_gqa_form
     from vaswani.runtime.loading import load_folder
-
-    from serving_cases import tiny_chat_tokenizer
 
     torch.manual_seed(0)
     tokenizer = tiny_chat_tokenizer()
