@@ -310,10 +310,9 @@ def bytes_read_per_token(location: Path) -> int:
     graph_file = location / "model.onnx" if location.is_dir() else None
     if graph_file is None or not graph_file.is_file():
         return weight_bytes(location)
-    from vaswani.evaluation.speed import initializer_bytes, lookup_tables
+    from vaswani.evaluation.speed import graph_weight_bytes
 
-    tables = lookup_tables(graph_file)
-    return sum(size for name, size in initializer_bytes(graph_file).items() if name not in tables)
+    return graph_weight_bytes(graph_file)
 
 
 # ------------------------------------------------------------------------------------------------ measuring

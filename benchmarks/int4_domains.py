@@ -95,11 +95,9 @@ def describe_build(folder: str) -> str:
 def decoder_weight_bytes(folder: str) -> int:
     """Bytes of weights a decode step of the export reads (`vaswani bench`'s figure: the graph's initializers less the
     embedding table it only looks rows up in)."""
-    from vaswani.evaluation.speed import initializer_bytes, lookup_tables
+    from vaswani.evaluation.speed import graph_weight_bytes
 
-    graph = Path(folder) / "model.onnx"
-    tables = lookup_tables(graph)
-    return sum(size for name, size in initializer_bytes(graph).items() if name not in tables)
+    return graph_weight_bytes(Path(folder) / "model.onnx")
 
 
 def gguf_build(path: str) -> dict:

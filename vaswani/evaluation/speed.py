@@ -138,15 +138,19 @@ def lookup_tables(graph_path: str | os.PathLike) -> set[str]:
     return {tensor.name for tensor in graph.initializer if readers.get(tensor.name) and all(readers[tensor.name])}
 
 
+def graph_weight_bytes(graph_path: str | os.PathLike) -> int:
+    """Bytes of weights a decode step of an ONNX graph reads: its initializers less its `lookup_tables`."""
+    tables = lookup_tables(graph_path)
+    return sum(size for name, size in initializer_bytes(graph_path).items() if name not in tables)
+
+
 def weight_bytes(loaded: "LoadedFolder") -> int:
     """Bytes of weights a decode step reads: the decoding graph's initializers, or the PyTorch model's parameters (a
     tied embedding counted once), less the tables it only looks rows up in (an untied or learned-position
     embedding: one row per token, where counting the table would understate the bound, by 1 GB of a 2.5 GB int8
     Llama-3.2-1B-shaped export)."""
     if loaded.form == "onnx":
-        path = loaded.folder / loaded.model.graphs[loaded.model.decoding_graph].file
-        tables = lookup_tables(path)
-        return sum(size for name, size in initializer_bytes(path).items() if name not in tables)
+        return graph_weight_bytes(loaded.folder / loaded.model.graphs[loaded.model.decoding_graph].file)
     import torch
 
     modules = list(loaded.model.modules())

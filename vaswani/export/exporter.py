@@ -219,7 +219,9 @@ class TracedModel:
             return self._references
         key = (quantization.scheme.rounding_bits, quantization.accuracy_level == 4)
         if key not in self._responses:
-            self._responses[key] = rounding_response(self.export_model, self.family, *key, task=self.task)
+            self._responses[key] = rounding_response(
+                self.export_model, self.family, *key, causal_lm_steps=self._references.causal_lm_steps
+            )
         return replace(self._references, rounding_response=self._responses[key])
 
     def manifest(self, quantization, optimize: bool, form: dict, folder: Path | None = None, decisions=None) -> dict:

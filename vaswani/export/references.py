@@ -82,14 +82,14 @@ def pytorch_references(
     if compute_dtype in (torch.float16, torch.bfloat16):  # the float32 model beside it measures what 16 bits lose
         models.append(cast_model(task_model(model, task), torch.float32, device))
     references = PyTorchReferences(reference.config, models, device)
-    if rounding_bits is not None:
-        references.rounding_response = rounding_response(
-            reference, family, rounding_bits, int8_activations, seed, task=task
-        )
     if family != "seq2seq" and task == "text-generation":
         with torch.no_grad():
             references.causal_lm_steps = _causal_lm_references(models, torch.Generator().manual_seed(seed), device)
         references.models = []
+    if rounding_bits is not None:
+        references.rounding_response = rounding_response(
+            reference, family, rounding_bits, int8_activations, seed, references.causal_lm_steps
+        )
     return references
 
 
@@ -189,10 +189,16 @@ def simulated_rounding(model: PreTrainedModel, bits: int, int8_activations: bool
 
 
 def rounding_response(
-    model: PreTrainedModel, family: str, bits: int, int8_activations: bool = False, seed: int = 0, task: str = ""
+    model: PreTrainedModel,
+    family: str,
+    bits: int,
+    int8_activations: bool = False,
+    seed: int = 0,
+    causal_lm_steps: list[dict] | None = None,
 ) -> RoundingResponse:
     """`model`'s outputs on random tokens (batch 3, 12 tokens), float and under `simulated_rounding` in `bits`; for a
-    text-generation decoder also each output of validation's calls (`seed`'s), float and rounded.
+    text-generation decoder also each output of validation's calls (`causal_lm_steps`, the float side that
+    `pytorch_references` computed with the same `seed`) beside the same calls rounded.
 
     Why: quantization error compounds through the layers by as much as the model amplifies a perturbation, which its
     weights decide: a trained 30-layer model keeps int8's rounding near its per-matrix size in the logits, a deep
@@ -223,8 +229,8 @@ def rounding_response(
         else 1.0
     )
     per_output = {}
-    if family != "seq2seq" and task == "text-generation":
-        per_output = _causal_lm_response(model, bits, int8_activations, seed, str(device))
+    if causal_lm_steps is not None:
+        per_output = _causal_lm_response(model, causal_lm_steps, bits, int8_activations, seed, str(device))
     return RoundingResponse(
         bits,
         int8_activations,
@@ -238,14 +244,13 @@ def rounding_response(
 
 
 def _causal_lm_response(
-    model: PreTrainedModel, bits: int, int8_activations: bool, seed: int, device: str
+    model: PreTrainedModel, clean: list[dict], bits: int, int8_activations: bool, seed: int, device: str
 ) -> dict[str, tuple[float, float]]:
-    """Each output of validation's calls (`_causal_lm_references` with `seed`: the same tokens), float and under
-    `simulated_rounding`: output name -> the worst (relative RMS, cosine) over the calls, at real tokens only."""
-    with torch.no_grad():
-        clean = _causal_lm_references([model], torch.Generator().manual_seed(seed), device)
-        with simulated_rounding(model, bits, int8_activations):
-            noisy = _causal_lm_references([model], torch.Generator().manual_seed(seed), device)
+    """Each output of validation's calls (`clean`, from `_causal_lm_references` with `seed`), beside the same calls
+    (the same tokens) under `simulated_rounding`: output name -> the worst (relative RMS, cosine) over the calls, at
+    real tokens only."""
+    with torch.no_grad(), simulated_rounding(model, bits, int8_activations):
+        noisy = _causal_lm_references([model], torch.Generator().manual_seed(seed), device)
     worst: dict[str, tuple[float, float]] = {}
     for clean_step, noisy_step in zip(clean, noisy):
         for name, expected in clean_step["results"][0].items():

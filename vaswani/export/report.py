@@ -55,9 +55,8 @@ def tolerance_of(quantization_or_dtype: str) -> tuple[str, float]:
 # simulated in PyTorch (`references.rounding_response`; int4's search and 8-bit budget round better than that, so it
 # errs on the loose side), on the same output and the same calls where it was measured there (a decoder's logits
 # and each cache), else on the logits or the worst hidden state. A graph may land twice as far as that simulation:
-# twice the relative RMS, four times the
-# cosine's distance from 1 (it goes with the square of the error), twice the top-1 disagreement; never tighter than
-# the scheme's bounds. A broken graph (a wrong attention rewrite, a dropped bias) moves the outputs by their whole
+# twice the relative RMS, four times the cosine's distance from 1 (it goes with the square of the error), twice the
+# top-1 disagreement; never tighter than the scheme's bounds. A broken graph (a wrong attention rewrite, a dropped bias) moves the outputs by their whole
 # scale, far past either.
 ROUNDING_MARGIN = 2.0
 

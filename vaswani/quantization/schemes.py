@@ -66,8 +66,8 @@ BLOCK_SIZE = QuantizationOption(
         "bytes and decode faster, and also round the int8 activations in larger blocks: on SmolLM2-135M int8 goes "
         "from +0.3-0.6%% perplexity over fp32 (32) to +0.7-0.9%% (64, the 8.5 bits a weight of llama.cpp's Q8_0) "
         "and +1.5-1.8%% (128), int4 from +3.5-3.7%% to +6.7-6.8%% (64, near Q4_K_M's quality; with "
-        "--int4-head-bits 4 --int4-8bit-budget 0.05 the speed-first int4); at 1B, 64 decodes 1.18x (int8) and 1.09x (int4) as fast as 32 at batch 1, 128 1.38x (int8) "
-        "at batch 8",
+        "--int4-head-bits 4 --int4-8bit-budget 0.05 the speed-first int4); at 1B, 64 decodes 1.18x (int8) and "
+        "1.09x (int4) as fast as 32 at batch 1, 128 1.38x (int8) at batch 8",
     },
 )
 ACCURACY_LEVEL = QuantizationOption(
