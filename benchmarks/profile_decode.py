@@ -7,9 +7,10 @@ own profiler, each export in a process of its own, in alternating rounds.
 
 A NAME=FOLDER whose folder holds genai_config.json is run by onnxruntime-genai (`og.Generator`, in the venv that
 benchmarks/engines/setup.sh makes, `--engines`), any other by vaswani's `OrtModelForCausalLM.generate`.
-Both generate `--new-tokens` greedy tokens after the same random `--prompt`-token prompt, at batch 1, with ONNX
-Runtime's profiler on. Every run of the graph after the prompt's is a decode step; the first `--skip` steps are left
-out, and each figure is the median over the other steps, then over rounds:
+Both generate `--new-tokens` greedy tokens after the same random `--prompt`-token prompt, at batch 1 (`--batch N`:
+N rows, each its own prompt of that length), with ONNX Runtime's profiler on. Every run of the graph after the
+prompt's is a decode step; the first `--skip` steps are left out, and each figure is the median over the other steps,
+then over rounds:
 
 - weight products: the MatMulNBits / MatMul / Gemm nodes that multiply by a weight, with the rate at which they read
   their weights (bytes of the weights, scales and zero points over their time);
@@ -41,7 +42,7 @@ WEIGHT_PRODUCTS = ("MatMulNBits", "MatMul", "Gemm")
 ATTENTION = ("GroupQueryAttention", "Attention", "MultiHeadAttention", "RotaryEmbedding")
 
 
-def generate_vaswani(folder: Path, prompt: list[int], new_tokens: int, threads: int, profile_dir: Path) -> str:
+def generate_vaswani(folder: Path, prompts: list[list[int]], new_tokens: int, threads: int, profile_dir: Path) -> str:
     """Greedy generation by vaswani's runtime with the decoding graph's session profiled; the trace's path."""
     import torch
 
@@ -52,12 +53,12 @@ def generate_vaswani(folder: Path, prompt: list[int], new_tokens: int, threads: 
     options.enable_profiling = True
     options.profile_file_prefix = str(profile_dir / "vaswani")
     model = OrtModelForCausalLM.from_pretrained(folder, session_options=options)
-    ids = torch.tensor([prompt])
+    ids = torch.tensor(prompts)
     model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
     return model.graphs[model.decoding_graph].session.end_profiling()
 
 
-def generate_ortgenai(folder: Path, prompt: list[int], new_tokens: int, threads: int, profile_dir: Path) -> str:
+def generate_ortgenai(folder: Path, prompts: list[list[int]], new_tokens: int, threads: int, profile_dir: Path) -> str:
     """Greedy generation by onnxruntime-genai's `og.Generator` with its session profiled (a session-level profile,
     written when the model is released); the trace's path."""
     import numpy as np
@@ -68,10 +69,10 @@ def generate_ortgenai(folder: Path, prompt: list[int], new_tokens: int, threads:
     config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
     model = og.Model(config)
     params = og.GeneratorParams(model)
-    length = len(prompt) + new_tokens
-    params.set_search_options(max_length=length, min_length=length, do_sample=False, batch_size=1)
+    length = len(prompts[0]) + new_tokens
+    params.set_search_options(max_length=length, min_length=length, do_sample=False, batch_size=len(prompts))
     generator = og.Generator(model, params)
-    generator.append_tokens(np.array([prompt], dtype=np.int32))
+    generator.append_tokens(np.array(prompts, dtype=np.int32))
     while not generator.is_done():
         generator.generate_next_token()
     del generator, model  # writes the profile
@@ -141,7 +142,8 @@ def run_worker(name: str, folder: Path, args: argparse.Namespace) -> dict[str, f
     with tempfile.TemporaryDirectory() as scratch:
         worker = ["--worker", "ortgenai" if genai else "vaswani", str(folder), scratch]
         command = [str(python), "-m", __spec__.name, *worker]
-        command += ["--prompt", str(args.prompt), "--new-tokens", str(args.new_tokens), "--threads", str(args.threads)]
+        command += ["--prompt", str(args.prompt), "--batch", str(args.batch), "--new-tokens", str(args.new_tokens)]
+        command += ["--threads", str(args.threads)]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"{name} failed:\n{result.stderr[-3000:]}")
@@ -155,6 +157,7 @@ def main() -> None:
     parser.add_argument("exports", nargs="*", metavar="NAME=FOLDER")
     parser.add_argument("--engines", type=Path, default=Path.home() / ".cache" / "vaswani-bench-engines")
     parser.add_argument("--prompt", type=int, default=47, help="prompt tokens (47: the engine benchmark's chat)")
+    parser.add_argument("--batch", type=int, default=1, help="rows decoded together, each its own prompt")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
@@ -168,11 +171,12 @@ def main() -> None:
     )
     parser.add_argument("--worker", nargs=3, metavar=("ENGINE", "FOLDER", "PROFILE_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    prompt = [(7919 * index) % 40000 + 100 for index in range(args.prompt)]  # the same ids for every engine
+    # The same ids for every engine; each row of a batch its own prompt of the same length.
+    prompts = [[(7919 * index + 104729 * row) % 40000 + 100 for index in range(args.prompt)] for row in range(args.batch)]
     if args.worker:
         engine, folder, profile_dir = args.worker
         generate = generate_ortgenai if engine == "ortgenai" else generate_vaswani
-        print(generate(Path(folder), prompt, args.new_tokens, args.threads, Path(profile_dir)))
+        print(generate(Path(folder), prompts, args.new_tokens, args.threads, Path(profile_dir)))
         return
     exports = dict(pair.split("=", 1) for pair in args.exports)
     results: dict[str, list[dict]] = {name: [] for name in exports}
@@ -183,7 +187,7 @@ def main() -> None:
             results[name].append(summary)
             parts = ", ".join(f"{part} {summary[part]:.0f}" for part in PARTS)
             print(f"round {round_index + 1} {name}: {parts} us; {summary['GB/s']:.1f} GB/s", flush=True)
-    settings = {key: getattr(args, key) for key in ("prompt", "new_tokens", "threads", "rounds", "skip", "prompt_step")}
+    settings = {key: getattr(args, key) for key in ("prompt", "batch", "new_tokens", "threads", "rounds", "skip", "prompt_step")}
     title = "Where the prompt step's time goes" if args.prompt_step else "Where a decode step's time goes"
     # The page's table is computed from the rounds when it is rendered (results.profile_tables).
     page = {"title": title, "command": command_line(), "machine": machine(args.threads), "after": []}

@@ -71,3 +71,16 @@ def test_the_prompt_step_is_the_first_run_with_no_loop(traced):
     assert summary["steps"] == 1
     assert (summary["weight products"], summary["other nodes"], summary["loop"]) == (600, 100, 0)
     assert summary["run overhead"] == 1000 - 700
+
+
+@pytest.mark.parametrize("batch", [None, 8])
+def test_the_page_names_the_batch_it_profiled(batch):
+    """Pages made before `--batch` have no batch in their settings: they profiled batch 1."""
+    from benchmarks.results.engines import PROFILE_PARTS, profile_tables
+
+    settings = {"prompt": 47, "new_tokens": 16, "threads": 2, "rounds": 1, "skip": 4, "prompt_step": False}
+    if batch:
+        settings["batch"] = batch
+    summary = dict.fromkeys(PROFILE_PARTS, 100.0) | {"GB/s": 1.0, "steps": 11}
+    (made,) = profile_tables({"settings": settings, "rounds": {"int4": [summary]}}, {})
+    assert f"Decode steps at batch {batch or 1} after a 47-token prompt" in made["text"][0]

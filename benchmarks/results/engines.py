@@ -224,12 +224,14 @@ def profile_tables(raw: dict, described: dict) -> list[dict]:
         columns.append("weight products read at")
     made = table("Results", columns, rows)
     rounds = len(next(iter(raw["rounds"].values())))
+    batch = settings.get("batch", 1)  # pages made before --batch profiled batch 1
     made["text"] = [
         f"The prompt step of {settings['prompt']} tokens at batch 1 (time to first token), {settings['threads']} "
         f"threads; ONNX Runtime's profiler, each export in its own process, {rounds} alternating rounds; "
         "microseconds, median over rounds."
         if prompt_step
-        else f"Decode steps at batch 1 after a {settings['prompt']}-token prompt, {settings['new_tokens']} greedy "
+        else f"Decode steps at batch {batch} after a {settings['prompt']}-token prompt (each row its own), "
+        f"{settings['new_tokens']} greedy "
         f"tokens, {settings['threads']} threads; ONNX Runtime's profiler, each export in its own process, {rounds} "
         f"alternating rounds; microseconds per step, median over steps (the first {settings['skip']} left out), then "
         "over rounds."
