@@ -172,7 +172,9 @@ def main() -> None:
     parser.add_argument("--worker", nargs=3, metavar=("ENGINE", "FOLDER", "PROFILE_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     # The same ids for every engine; each row of a batch its own prompt of the same length.
-    prompts = [[(7919 * index + 104729 * row) % 40000 + 100 for index in range(args.prompt)] for row in range(args.batch)]
+    prompts = [
+        [(7919 * index + 104729 * row) % 40000 + 100 for index in range(args.prompt)] for row in range(args.batch)
+    ]
     if args.worker:
         engine, folder, profile_dir = args.worker
         generate = generate_ortgenai if engine == "ortgenai" else generate_vaswani
@@ -187,7 +189,9 @@ def main() -> None:
             results[name].append(summary)
             parts = ", ".join(f"{part} {summary[part]:.0f}" for part in PARTS)
             print(f"round {round_index + 1} {name}: {parts} us; {summary['GB/s']:.1f} GB/s", flush=True)
-    settings = {key: getattr(args, key) for key in ("prompt", "batch", "new_tokens", "threads", "rounds", "skip", "prompt_step")}
+    settings = {
+        key: getattr(args, key) for key in ("prompt", "batch", "new_tokens", "threads", "rounds", "skip", "prompt_step")
+    }
     title = "Where the prompt step's time goes" if args.prompt_step else "Where a decode step's time goes"
     # The page's table is computed from the rounds when it is rendered (results.profile_tables).
     page = {"title": title, "command": command_line(), "machine": machine(args.threads), "after": []}
