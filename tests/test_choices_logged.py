@@ -69,15 +69,24 @@ def test_a_stamped_export_records_no_decision(tmp_path, caplog):
 
 
 def test_a_model_the_gqa_kernel_cannot_run_is_logged_and_recorded(tmp_path, caplog):
-    # head_dim 8: ONNX Runtime's GroupQueryAttention needs a multiple of 16.
+    # head_dim 8: ONNX Runtime's GroupQueryAttention needs a multiple of 16. "auto" tries the form for quantized
+    # exports and keeps the portable graph, saying why.
     model = build_causal_lm(tiny_decoder_config(**{**GQA_DECODER, "hidden_size": 32, "num_hidden_layers": 1}))
     caplog.set_level(logging.INFO, logger=ATTENTION_LOGGER)
-    result = export_onnx(model, tmp_path / "out", task="text-generation", attention="gqa", validate=False)
+    result = export_onnx(model, tmp_path / "out", task="text-generation", quantize="int8", validate=False)
     [record] = records_of(caplog, ATTENTION_LOGGER)
     assert record.levelno == logging.INFO and "head_dim=8" in record.getMessage()
     [decision] = result.manifest["decisions"]
     assert (decision["subject"], decision["chosen"], decision["instead_of"]) == ("attention form", "portable", "gqa")
     assert "head_dim=8" in decision["why"]
+
+
+def test_gqa_asked_for_by_name_on_a_model_that_cannot_take_it_is_refused_before_any_work(tmp_path):
+    """An explicit choice is made or refused, never swapped for another: the error names the cause and the fix."""
+    model = build_causal_lm(tiny_decoder_config(**{**GQA_DECODER, "hidden_size": 32, "num_hidden_layers": 1}))
+    with pytest.raises(ValueError, match=r"attention='gqa' cannot be made.*head_dim=8.*attention='auto'"):
+        export_onnx(model, tmp_path / "out", task="text-generation", attention="gqa", validate=False)
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_failed_gqa_rewrite_is_a_warning_and_recorded(tmp_path, caplog, monkeypatch):

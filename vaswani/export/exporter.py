@@ -42,6 +42,7 @@ from ..quantization.int4 import CALIBRATION_WINDOW, calibration_windows
 from ..quantization.sensitivity import export_row_scores
 from ..runtime.contract import (
     DTYPES,
+    FORM_GQA,
     Decision,
     build_manifest,
     graph_io,
@@ -51,7 +52,7 @@ from ..runtime.contract import (
 )
 from .forms import ExportResult, derive_form
 from .formulations import LLM_OPSET
-from .gqa_rewrite import attention_form_plan
+from .gqa_rewrite import attention_form_plan, gqa_form_refusal
 from .references import PyTorchReferences, pytorch_references, rounding_response
 from .tasks import GENERATION_TASKS, cast_model, family_of, infer_task, load_for_task, task_model
 from .trace import TORCH_GLOBALS, trace_graphs
@@ -288,6 +289,15 @@ class TracedModel:
                 f"{quantization.name} quantization targets the CPU from an fp32 graph: use dtype='fp32', device='cpu'."
             )
         attention_form_plan(attention, quantization is not None, False)  # an unknown form is refused here
+        # "auto" falls back to the portable graph and logs why; a form asked for by name is made or refused.
+        refusal = (
+            gqa_form_refusal(self.export_model, self.task, self.dtype, self.device) if attention == FORM_GQA else None
+        )
+        if refusal is not None:
+            raise ValueError(
+                f"attention='gqa' cannot be made for this model: no GroupQueryAttention form for {refusal}. "
+                "Use attention='auto' (that form where it applies, else the portable graph) or 'portable'."
+            )
         check_output_folder(output_dir, overwrite)
         if quantization is None or not quantization.calibrated:
             return None
@@ -393,9 +403,10 @@ def export_onnx(
             `vaswani.data.corpus_text()`, of which the first tokens are used); tokenized with the tokenizer copied
             beside the model, which calibration needs.
         attention: a decoder's attention graph (`gqa_rewrite.py`): "gqa", ONNX Runtime's GroupQueryAttention with rotary
-            inside and one in-place KV buffer (CPU, float32, rotary decoders; others keep the portable graph and the
-            manifest's `attention_form_note` says why); "portable", opset-23 Attention + RotaryEmbedding (any
-            runtime); "auto" (default), "gqa" for quantized and optimized exports, else "portable".
+            inside and one in-place KV buffer (CPU, float32, rotary decoders with head_dim a multiple of 16; a
+            ValueError names what else refuses it); "portable", opset-23 Attention + RotaryEmbedding (any runtime);
+            "auto" (default), "gqa" for quantized and optimized exports where the model takes it, else "portable"
+            (the manifest's `attention_form_note` says why).
         overwrite: replace a non-empty `output_dir` (only after the new export succeeded).
         validate: compare ONNX Runtime with PyTorch on fresh shapes and raise `OnnxValidationError` past the
             tolerance (then nothing is installed). Turn off only to inspect a graph that fails.
