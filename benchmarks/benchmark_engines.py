@@ -101,6 +101,11 @@ SYSTEMS = {
     "vaswani ORT int4, --block-size 64": ("vaswani-ort", "4-bit", "vaswani-onnx-int4-block64"),
     # The speed-first int4 layout (docs/deployment.md), which reads fewer bytes than llama.cpp's Q4_0.
     f"vaswani ORT int4, {' '.join(INT4_SPEED_FIRST)}": ("vaswani-ort", "4-bit", "vaswani-onnx-int4-speed"),
+    f"vaswani ORT int4, {' '.join(INT4_SPEED_FIRST)}, portable": (
+        "vaswani-ort",
+        "4-bit",
+        "vaswani-onnx-int4-speed-portable",
+    ),
     "onnxruntime-genai int4": ("ortgenai", "4-bit", "ortgenai-int4"),
     "llama.cpp Q4_1": ("llamacpp", "4-bit", "gguf"),
     # llama.cpp at its best: GGUFs made from --model by llama.cpp's converter and quantizer (Q4_0 and Q4_K have
@@ -124,8 +129,12 @@ for _precision in ("fp32", "int8", "int4"):
     _portable = "vaswani ORT fp32" if _precision == "fp32" else f"vaswani ORT {_precision}, portable"
     _at = DECODER_SYSTEMS.index(_portable) + 1
     DECODER_SYSTEMS[_at:_at] = [f"{_portable}, --engine openvino"]
-_at = DECODER_SYSTEMS.index("vaswani ORT int8, --block-size 128, portable") + 1
-DECODER_SYSTEMS[_at:_at] = ["vaswani ORT int8, --block-size 128, portable, --engine openvino"]
+for _portable in (
+    "vaswani ORT int8, --block-size 128, portable",
+    f"vaswani ORT int4, {' '.join(INT4_SPEED_FIRST)}, portable",
+):
+    _at = DECODER_SYSTEMS.index(_portable) + 1
+    DECODER_SYSTEMS[_at:_at] = [f"{_portable}, --engine openvino"]
 NO_OPENMP_SPINNING = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
 # Settings other than --threads threads and the engine's defaults: on the 2-vCPU VM of the seq2seq figures,
 # CTranslate2's default GEMM backend (Intel MKL) ran 2 intra-op threads at half the speed of 1, while its oneDNN
@@ -155,6 +164,9 @@ SYSTEM_SETTINGS = {
     "vaswani ORT int8, portable, --engine openvino": {"request": {"ort_engine": "openvino"}},
     "vaswani ORT int8, --block-size 128, portable, --engine openvino": {"request": {"ort_engine": "openvino"}},
     "vaswani ORT int4, portable, --engine openvino": {"request": {"ort_engine": "openvino"}},
+    f"vaswani ORT int4, {' '.join(INT4_SPEED_FIRST)}, portable, --engine openvino": {
+        "request": {"ort_engine": "openvino"}
+    },
 }
 for _name in SYSTEM_SETTINGS:
     _base = _name.removesuffix(", no spinning").removesuffix(", --engine openvino")

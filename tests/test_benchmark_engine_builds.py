@@ -20,6 +20,10 @@ EXPECTED_FLAGS = {
     "vaswani ORT int4, --block-size 64 --int4-head-bits 4 --int4-8bit-budget 0.05": [
         "--quantize", "int4", "--block-size", "64", "--int4-head-bits", "4", "--int4-8bit-budget", "0.05",
     ],
+    "vaswani ORT int4, --block-size 64 --int4-head-bits 4 --int4-8bit-budget 0.05, portable, --engine openvino": [
+        "--quantize", "int4", "--block-size", "64", "--int4-head-bits", "4", "--int4-8bit-budget", "0.05",
+        "--attention", "portable",
+    ],
     "vaswani ORT fp32, GQA": ["--attention", "gqa"],
 }  # fmt: skip
 
