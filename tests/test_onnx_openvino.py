@@ -8,6 +8,7 @@ transformers' bfloat16 model on the same machine, so they hold either way."""
 
 import copy
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -35,7 +36,12 @@ from vaswani.runtime import OrtModelForCausalLM  # noqa: E402
 from vaswani.runtime.contract import load_manifest  # noqa: E402
 from vaswani.runtime.decoders import chosen_engine  # noqa: E402
 from vaswani.runtime.decoders.openvino import OpenVinoRuntime, OpenVinoStepModel  # noqa: E402
-from vaswani.runtime.openvino import OpenVinoSession, openvino_precision, route_description  # noqa: E402
+from vaswani.runtime.openvino import (  # noqa: E402
+    OpenVinoSession,
+    cpu_has_int8_dot_products,
+    openvino_precision,
+    route_description,
+)
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +234,39 @@ def test_auto_picks_bf16_and_the_openvino_route_exactly_where_openvino_lists_bf1
     assert chosen_engine("openvino", gqa, "CPUExecutionProvider") == "openvino"  # asked for: refused with the fix
     model = OrtModelForCausalLM.from_pretrained(exports["portable"], engine="auto")
     assert model.provider == ("OpenVINO (bf16)" if has_bf16 else "CPUExecutionProvider")
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+@pytest.mark.parametrize("int8_dot_products", [True, False])
+def test_auto_takes_the_route_for_quantized_exports_where_the_cpu_has_int8_dot_products(
+    exports, monkeypatch, caplog, bf16, int8_dot_products
+):
+    """Without bfloat16, OpenVINO's f32 lost to ONNX Runtime on an AVX2-only CPU, while with VNNI its int8 products
+    ran quantized exports faster (docs/deployment.md): the route for a quantized portable export where the CPU has
+    either, for an fp32 export only with bfloat16, never for the GroupQueryAttention form. Each choice is logged."""
+    from vaswani.runtime.decoders import openvino as openvino_runtime
+
+    monkeypatch.setattr(openvino_runtime, "openvino_precision", lambda requested="auto": "bf16" if bf16 else "f32")
+    monkeypatch.setattr(openvino_runtime, "cpu_has_int8_dot_products", lambda: int8_dot_products)
+    manifests = {name: load_manifest(exports[name]) for name in ("portable", "portable-int8", "gqa-int8")}
+    caplog.set_level(logging.INFO, logger="vaswani.runtime.decoders")
+    chosen = {name: chosen_engine("auto", manifest, "CPUExecutionProvider") for name, manifest in manifests.items()}
+    assert chosen == {
+        "portable": "openvino" if bf16 else "onnxruntime",
+        "portable-int8": "openvino" if bf16 or int8_dot_products else "onnxruntime",
+        "gqa-int8": "onnxruntime",
+    }
+    said = [record.getMessage() for record in caplog.records]
+    assert len([line for line in said if line.startswith("engine='auto' runs") and "OpenVINO" in line]) == 3
+
+
+def test_int8_dot_products_are_read_from_the_cpu_flags(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f\n")
+    assert not cpu_has_int8_dot_products(cpuinfo)
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni\n")
+    assert cpu_has_int8_dot_products(cpuinfo)
+    assert not cpu_has_int8_dot_products(tmp_path / "missing")  # another operating system: ONNX Runtime stays
 
 
 def test_groupqueryattention_form_is_refused_with_the_fix(exports, capsys):

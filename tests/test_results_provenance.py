@@ -221,9 +221,15 @@ def test_the_engine_tables_are_the_medians_and_ranges_of_the_raw_rounds(name: st
             ]
             ratios = [rate / base for rate, base in zip(rates, references)]
             assert leading_figure(row[4]) == round(statistics.median(ratios), 2)
-            hint = (runs[0].get("info") or {}).get("INFERENCE_PRECISION_HINT")
-            if hint:
-                assert row[2] == {"bf16": "bf16", "f32": "fp32"}[hint]
+            info = runs[0].get("info") or {}
+            if info.get("INFERENCE_PRECISION_HINT"):
+                precision = {"bf16": "bf16", "f32": "fp32"}[info["INFERENCE_PRECISION_HINT"]]
+                group = int(info.get("DYNAMIC_QUANTIZATION_GROUP_SIZE") or 0)
+                quantized = row[1] not in ("fp32", "bf16")
+                # The activations of compressed weights' products are quantized in groups where the engine said so.
+                assert row[2].startswith(precision) and (f"int8 activations in groups of {group}" in row[2]) == (
+                    bool(group) and quantized
+                ), (system, row[2], info)
     prefill = tables[-1]
     for row, runs in zip(prefill["rows"], raw["results"].values(), strict=True):
         assert leading_figure(row[1]) == round(statistics.median(run["prefill"]["seconds"] * 1e3 for run in runs))

@@ -83,7 +83,11 @@ def load_vaswani_ort(request):
     # `engine=` of vaswani's runtime ("openvino": prompt steps in OpenVINO); request["engine"] names the worker's.
     engine = {"engine": request["ort_engine"]} if "ort_engine" in request else {}
     model = ort_class.from_pretrained(request["model"], session_options=options, **engine)
-    return torch_generate(model, bool(request.get("seq2seq")))
+    generate = torch_generate(model, bool(request.get("seq2seq")))
+    openvino = getattr(getattr(model, "decoder_runtime", None), "openvino", None)
+    if openvino is not None:  # `--engine openvino`: what OpenVINO's plugin chose for the steps it runs
+        generate.info = lambda: openvino_properties(openvino.compiled)
+    return generate
 
 
 def load_ortgenai(request):
@@ -221,12 +225,20 @@ def load_openvino(request):
 
     def info():
         compiled = ov.Core().compile_model(str(Path(request["model"]) / "openvino_model.xml"), "CPU", properties)
-        names = ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE")
-        values = {name: compiled.get_property(name) for name in names}
-        return {name: value.to_string() if isinstance(value, ov.Type) else str(value) for name, value in values.items()}
+        return openvino_properties(compiled)
 
     generate.info = info
     return generate
+
+
+def openvino_properties(compiled) -> dict[str, str]:
+    """The compute settings an OpenVINO CPU plugin chose for a compiled model: its precision, its cache's, and the
+    group size in which it quantizes compressed weights' activations to int8 (0: it does not)."""
+    import openvino as ov
+
+    names = ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE")
+    values = {name: compiled.get_property(name) for name in names}
+    return {name: value.to_string() if isinstance(value, ov.Type) else str(value) for name, value in values.items()}
 
 
 LOADERS = {

@@ -184,7 +184,14 @@ def engine_compute(name: str, runs: list[dict | None], weights: str, described: 
     vaswani's quantized kernels (MatMulNBits, int8 activations at the exporter's default accuracy level 4)."""
     info = next((run["info"] for run in runs if run and run.get("info")), {})
     if "INFERENCE_PRECISION_HINT" in info:
-        return info["INFERENCE_PRECISION_HINT"].replace("f32", "fp32")
+        precision = info["INFERENCE_PRECISION_HINT"].replace("f32", "fp32")
+        # OpenVINO's CPU plugin quantizes the activations of compressed (int8/int4) weights' products to int8 in
+        # groups of this size; 0 turns it off. It changes an fp32-hinted int8 model's logits (relative RMS 0.03 on
+        # SmolLM2-135M), so it is part of the compute a row names.
+        group = int(info.get("DYNAMIC_QUANTIZATION_GROUP_SIZE") or 0)
+        if group and weights not in ("fp32", "bf16"):
+            precision += f", int8 activations in groups of {group}"
+        return precision + (" in OpenVINO's steps" if "--engine openvino" in name else "")
     if "--engine openvino" in name:
         return f"{'bf16' if computes_bfloat16(described) else 'fp32'} in OpenVINO's steps"
     if weights in ("fp32", "bf16"):
@@ -230,8 +237,8 @@ def profile_tables(raw: dict, described: dict) -> list[dict]:
         f"threads; ONNX Runtime's profiler, each export in its own process, {rounds} alternating rounds; "
         "microseconds, median over rounds."
         if prompt_step
-        else f"Decode steps at batch {batch} after a {settings['prompt']}-token prompt (each row its own), "
-        f"{settings['new_tokens']} greedy "
+        else f"Decode steps at batch {batch} after a {settings['prompt']}-token prompt"
+        f"{' (each row its own)' if batch > 1 else ''}, {settings['new_tokens']} greedy "
         f"tokens, {settings['threads']} threads; ONNX Runtime's profiler, each export in its own process, {rounds} "
         f"alternating rounds; microseconds per step, median over steps (the first {settings['skip']} left out), then "
         "over rounds."

@@ -56,7 +56,7 @@ def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
         "OpenVINO, in bfloat16 where the CPU has AVX512_BF16 or AMX, and decode steps too where that is faster, the "
         "cache held inside OpenVINO; the rest in ONNX Runtime; needs pip install "
         "'vaswani[openvino]' and an export with --attention portable), or auto (openvino where that applies and the "
-        "CPU has bfloat16, else onnxruntime) (onnxruntime)",
+        "CPU has bfloat16, or int8 dot products (VNNI, AMX) for a quantized export; else onnxruntime) (onnxruntime)",
     )
     parser.add_argument(
         "--openvino-precision",

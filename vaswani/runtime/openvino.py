@@ -72,6 +72,22 @@ def check_precision(precision: str) -> None:
         raise ValueError(f"openvino_precision={precision!r} is not supported; use one of {list(PRECISIONS)}.")
 
 
+# CPU flags of int8 dot-product instructions: where OpenVINO's CPU plugin multiplies compressed int8/int4 weights by
+# activations it quantizes to int8 in groups of 32 (its DYNAMIC_QUANTIZATION_GROUP_SIZE default).
+INT8_DOT_PRODUCT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def cpu_has_int8_dot_products(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU lists one of `INT8_DOT_PRODUCT_FLAGS` (VNNI or AMX int8); False where /proc/cpuinfo cannot
+    tell (other operating systems), which keeps `engine="auto"` on ONNX Runtime for quantized exports there."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return any(flag in flags for flag in INT8_DOT_PRODUCT_FLAGS)
+
+
 def openvino_precision(requested: str = "auto") -> str:
     """The compute precision OpenVINO runs in: `requested` when it is "f32" or "bf16", else ("auto") "bf16" where the
     CPU computes bfloat16 natively (AVX512_BF16 or AMX: OpenVINO lists "BF16" among the CPU's optimization

@@ -80,9 +80,9 @@ def check_engine(engine: str, precision: str = "auto") -> None:
 def chosen_engine(engine: str, manifest: dict, provider: str) -> str:
     """What `engine="auto"` runs: the engine of the first registered runtime (of an engine other than the default)
     that `auto_refusal` chooses, i.e. where it was measured faster (OpenVINO: a portable text-generation export on the
-    CPU provider, OpenVINO installed, a CPU that computes bfloat16), else "onnxruntime". Any other `engine` is
-    returned as it is. The choice and its reason are logged: as a warning where an engine could not be imported, as
-    info otherwise. This is the one place the choice is made."""
+    CPU provider, OpenVINO installed, a CPU that computes bfloat16, or int8 dot products for a quantized export),
+    else "onnxruntime". Any other `engine` is returned as it is. The choice and its reason are logged: as a warning
+    where an engine could not be imported, as info otherwise. This is the one place the choice is made."""
     if engine != "auto":
         return engine
     for runtime in DECODER_RUNTIMES.values():

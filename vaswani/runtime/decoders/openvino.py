@@ -20,7 +20,13 @@ import torch
 
 from ..contract import is_gqa_form, positions_from_mask
 from ..held_cache import held_cache_sample
-from ..openvino import OpenVinoDecoder, openvino_precision, route_description, unreadable_form_refusal
+from ..openvino import (
+    OpenVinoDecoder,
+    cpu_has_int8_dot_products,
+    openvino_precision,
+    route_description,
+    unreadable_form_refusal,
+)
 from .portable import Array, OrtStepModel, PortableRuntime, RunningBatch
 
 CPU = "CPUExecutionProvider"
@@ -33,7 +39,10 @@ class OpenVinoRuntime(PortableRuntime):
     name = "openvino"
     engine = "openvino"
     title = "OpenVINO"
-    auto_reason = "a portable text-generation export, and this CPU computes bf16"
+    auto_reason = (
+        "a portable text-generation export, on a CPU that computes bf16 (any export) or int8 dot products (VNNI or "
+        "AMX: a quantized export)"
+    )
 
     @classmethod
     def refusal(cls, request) -> str | None:
@@ -55,9 +64,18 @@ class OpenVinoRuntime(PortableRuntime):
             return f"it runs on {provider} (OpenVINO runs on the CPU)"
         if is_gqa_form(manifest):
             return "the export is in the GroupQueryAttention form, which only ONNX Runtime runs"
-        if openvino_precision("auto") != "bf16":  # raises ImportError without OpenVINO
-            return "this CPU does not compute bfloat16 (OpenVINO in f32 measured slower than ONNX Runtime there)"
-        return None
+        if openvino_precision("auto") == "bf16":  # raises ImportError without OpenVINO
+            return None
+        # Without bf16 OpenVINO computes in f32, slower than ONNX Runtime on an AVX2-only CPU
+        # (docs/results/openvino_route_135m_avx2.md); with VNNI its int8 products run a quantized export's weights
+        # faster, at 135M and 1B (docs/results/openvino_route_135m_avx512.md, benchmark_engines_*_1b_avx512.md).
+        if manifest.get("quantization") is not None and cpu_has_int8_dot_products():
+            return None
+        if manifest.get("quantization") is not None:
+            return (
+                "this CPU computes neither bfloat16 nor int8 dot products (VNNI, AMX): OpenVINO measured slower there"
+            )
+        return "this CPU does not compute bfloat16 (OpenVINO in f32 measured slower than ONNX Runtime there)"
 
     @classmethod
     def load(cls, model: Any, request) -> "OpenVinoRuntime":
