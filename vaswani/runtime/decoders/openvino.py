@@ -69,13 +69,11 @@ class OpenVinoRuntime(PortableRuntime):
         # Without bf16 OpenVINO computes in f32, slower than ONNX Runtime on an AVX2-only CPU
         # (docs/results/openvino_route_135m_avx2.md); with VNNI its int8 products run a quantized export's weights
         # faster, at 135M and 1B (docs/results/openvino_route_135m_avx512.md, benchmark_engines_*_1b_avx512.md).
-        if manifest.get("quantization") is not None and cpu_has_int8_dot_products():
+        if manifest.get("quantization") is None:
+            return "this CPU does not compute bfloat16 (OpenVINO in f32 measured slower than ONNX Runtime there)"
+        if cpu_has_int8_dot_products():
             return None
-        if manifest.get("quantization") is not None:
-            return (
-                "this CPU computes neither bfloat16 nor int8 dot products (VNNI, AMX): OpenVINO measured slower there"
-            )
-        return "this CPU does not compute bfloat16 (OpenVINO in f32 measured slower than ONNX Runtime there)"
+        return "this CPU computes neither bfloat16 nor int8 dot products (VNNI, AMX): OpenVINO measured slower there"
 
     @classmethod
     def load(cls, model: Any, request) -> "OpenVinoRuntime":
