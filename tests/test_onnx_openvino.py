@@ -36,6 +36,7 @@ from vaswani.runtime import OrtModelForCausalLM  # noqa: E402
 from vaswani.runtime.contract import load_manifest  # noqa: E402
 from vaswani.runtime.decoders import chosen_engine  # noqa: E402
 from vaswani.runtime.decoders.openvino import OpenVinoRuntime, OpenVinoStepModel  # noqa: E402
+from vaswani.runtime.decoders.paged import PagedStepModel  # noqa: E402
 from vaswani.runtime.openvino import (  # noqa: E402
     OpenVinoSession,
     cpu_has_int8_dot_products,
@@ -442,11 +443,16 @@ def with_int8_activations(model: LlamaForCausalLM, block_size: int) -> LlamaForC
     return copied
 
 
+@pytest.mark.parametrize("kind", ["paged", "stateful"])
 @pytest.mark.parametrize("export", ["portable", "portable-int8", "portable-int4-float-compute"])
-def test_openvino_batch_rows_join_and_leave_as_pytorch_computes_the_graphs_weights(export, llama, exports, monkeypatch):
-    """The server's batch with `--engine openvino` (`OpenVinoBatch`), driven by hand in f32: a row decodes alone (a
-    quantized export's steps in ONNX Runtime at one row, an unquantized one's in OpenVINO), two prompts join
-    mid-stream (OpenVINO's cache read out, padded and written back), the first row leaves. Every row's logits equal
+def test_openvino_batch_rows_join_and_leave_as_pytorch_computes_the_graphs_weights(
+    export, kind, llama, exports, monkeypatch
+):
+    """The server's batches with `--engine openvino`, driven by hand in f32: the paged one it serves with
+    (`PagedBatch`: every step in OpenVINO, each row's cache in blocks of its own) and the stateful one it falls back to
+    (`OpenVinoBatch`: a quantized export's steps in ONNX Runtime at one row, an unquantized one's in OpenVINO; at a
+    join OpenVINO's cache is read out, padded and written back). A row decodes alone, two prompts join mid-stream, the
+    first row leaves. Every row's logits equal
     those of transformers' Llama with the graph's own weights (dequantized where quantized) over that row's tokens
     alone, within the error model below; its unquantized greedy tokens equal ONNX Runtime's `generate`.
 
@@ -467,8 +473,9 @@ def test_openvino_batch_rows_join_and_leave_as_pytorch_computes_the_graphs_weigh
 
         monkeypatch.setattr(openvino.Core, "compile_model", without_int8_activations)
     model = OrtModelForCausalLM.from_pretrained(exports[export], engine="openvino", openvino_precision="f32")
-    step = model.decoder_runtime.step_model()
-    assert isinstance(step, OpenVinoStepModel)
+    runtime = model.decoder_runtime
+    step = runtime.step_model() if kind == "paged" else OpenVinoStepModel(model, runtime)
+    assert isinstance(step, PagedStepModel if kind == "paged" else OpenVinoStepModel)
     _, step_runs = CallCounter.both(model)
     batch = step.new_batch()
     generator = torch.Generator().manual_seed(5)
@@ -502,7 +509,8 @@ def test_openvino_batch_rows_join_and_leave_as_pytorch_computes_the_graphs_weigh
     decode(12)
     manifest = load_manifest(exports[export])
     quantized = manifest.get("quantization") is not None
-    assert step_runs.calls == (3 if quantized else 0)  # a's three steps alone, in ONNX Runtime, where quantized
+    # The stateful batch runs a's three steps alone in ONNX Runtime, where quantized; the paged one runs none there.
+    assert step_runs.calls == (3 if quantized and kind == "stateful" else 0)
     # The oracle: PyTorch computing the graph's weights, no engine involved. The error model: both engines multiply
     # by those same weights in float32, so they differ from PyTorch by summation order, the exporter's fp32 rule
     # (relative per layer: its tolerance x the logits' largest magnitude x the depth). At accuracy level 4 (the

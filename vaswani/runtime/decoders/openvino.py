@@ -13,6 +13,7 @@ tokens; joins and leaves read it out and write it back once.
     >>> model.decoder_runtime.description
 """
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,10 @@ from ..openvino import (
     route_description,
     unreadable_form_refusal,
 )
+from .paged import PagedStepModel
 from .portable import Array, OrtStepModel, PortableRuntime, RunningBatch
+
+logger = logging.getLogger(__name__)
 
 CPU = "CPUExecutionProvider"
 
@@ -124,8 +128,15 @@ class OpenVinoRuntime(PortableRuntime):
         loop = (logits_processor, stopping_criteria, generation_config)
         return held_cache_sample(self.openvino, input_ids, attention_mask, position_ids, *loop)
 
-    def step_model(self) -> "OpenVinoStepModel":
-        return OpenVinoStepModel(self.model, self)
+    def step_model(self) -> "PagedStepModel | OpenVinoStepModel":
+        """The paged batch (`paged.PagedStepModel`) where the graph takes the paged form, else the stateful one."""
+        try:
+            return PagedStepModel(self.model, self)
+        except (ValueError, RuntimeError) as error:
+            logger.info(
+                "serving with OpenVINO's stateful batch (a copy of the cache at each join and leave): %s", error
+            )
+            return OpenVinoStepModel(self.model, self)
 
 
 class OpenVinoStepModel(OrtStepModel):

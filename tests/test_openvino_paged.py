@@ -1,0 +1,158 @@
+"""The paged batch `vaswani serve --engine openvino` runs (`decoders/paged.py`): the portable graph in OpenVINO's
+paged-attention form, each sequence's cache in blocks of shared tensors. Oracle: ONNX Runtime running the same graph
+over each row's whole sequence at once, in float32, within the exporter's fp32 rule; the pool's block accounting is
+checked against the blocks each row's length needs."""
+
+import gc
+import logging
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_decoder_config
+
+from vaswani import VaswaniForCausalLM
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("openvino")
+
+from vaswani.export import export_onnx  # noqa: E402
+from vaswani.export.report import TOLERANCES, allowed_difference  # noqa: E402
+from vaswani.runtime import OrtModelForCausalLM  # noqa: E402
+from vaswani.runtime.decoders import paged  # noqa: E402
+from vaswani.runtime.decoders.openvino import OpenVinoStepModel  # noqa: E402
+
+SHAPE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, object]:
+    """Portable fp32 exports of a tiny grouped-query decoder (head_dim 16), one per position kind."""
+    root = tmp_path_factory.mktemp("paged")
+    made = {}
+    for positions in ("rope", "learned", "alibi"):
+        torch.manual_seed(0)
+        source = root / positions
+        config = tiny_decoder_config(position_embedding_type=positions, **SHAPE)
+        VaswaniForCausalLM(config).eval().save_pretrained(source)
+        made[positions] = export_onnx(source, root / f"{positions}-onnx", task="text-generation", validate=False).folder
+    return made
+
+
+def whole_sequence_logits(model: OrtModelForCausalLM, prompt: list[int], answer: list[int]) -> np.ndarray:
+    """ONNX Runtime's logits at the prompt's last token and at every answer token but the last: (len(answer), vocab),
+    what the batch returned for that row one call at a time."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + answer[:-1]])).logits[0].numpy()
+    return logits[len(prompt) - 1 :]
+
+
+@pytest.mark.parametrize("positions", ["rope", "learned"])
+def test_paged_rows_join_leave_share_a_prefix_and_grow_the_pool_as_onnxruntime_computes(
+    positions, folders, monkeypatch
+):
+    """Three rows at different lengths: one prefilled in chunks across block boundaries, then decoding; two more join
+    mid-stream, one starting from the first row's cached first 32 tokens (the server's prefix cache) and one shorter
+    than a block; the first leaves; the rest decode past the pool's first size, which doubles twice. Every row's
+    logits equal ONNX Runtime's over that row's whole sequence (fp32 rule), greedy tokens included; every block the
+    rows held is free once they leave, and a prefill dropped before joining gives its blocks back."""
+    monkeypatch.setattr(paged, "FIRST_BLOCKS", 2)
+    model = OrtModelForCausalLM.from_pretrained(folders[positions], engine="openvino", openvino_precision="f32")
+    step = model.decoder_runtime.step_model()
+    assert isinstance(step, paged.PagedStepModel)
+    pool = step.pool
+    generator = torch.Generator().manual_seed(3)
+    prompts = {name: torch.randint(3, 60, (length,), generator=generator).tolist() for name, length in
+               {"a": 40, "b": 45, "c": 5}.items()}  # fmt: skip
+    answers = {name: [] for name in prompts}
+    seen = {name: [] for name in prompts}
+
+    def choose(names: list, logits: np.ndarray) -> None:
+        for name, row in zip(names, logits):
+            answers[name].append(int(row.argmax()))
+            seen[name].append(row)
+
+    def decode(steps: int) -> None:
+        for _ in range(steps):
+            choose(batch.rows, batch.step(np.array([answers[name][-1] for name in batch.rows])))
+
+    batch = step.new_batch()
+    first = step.prefill_group(["a"], [prompts["a"]])
+    while not first.done:
+        logits = first.run(16)
+    choose(["a"], logits)
+    batch.join(first, [0])
+    decode(3)
+    prefix = batch.row_cache(0, 0, 32)
+    prompts["b"] = prompts["a"][:32] + prompts["b"]
+    group = step.prefill_group(["b", "c"], [prompts["b"], prompts["c"]], [prefix, None])
+    assert group.tokens == 45 + 5  # only the rests are computed
+    while not group.done:
+        logits = group.run(20)
+    choose(group.rows, logits)
+    batch.join(group, [0, 1])
+    decode(4)
+    batch.keep([1, 2])  # "a" leaves
+    assert batch.rows == ["b", "c"]
+    decode(60)
+    assert pool.blocks >= 8  # grown from 2
+
+    held = {name: len(prompts[name]) + len(answers[name]) - 1 for name in batch.rows}  # the last token is not fed
+    assert sorted(len(state.blocks) for state in batch.states) == sorted(
+        math.ceil(tokens / pool.block_size) for tokens in held.values()
+    )
+    alone = OrtModelForCausalLM.from_pretrained(folders[positions])
+    kind, tolerance = TOLERANCES["fp32"]
+    for name, prompt in prompts.items():
+        expected = whole_sequence_logits(alone, prompt, answers[name])
+        allowed = allowed_difference(kind, tolerance, float(np.abs(expected).max()), model.config.num_hidden_layers)
+        assert float(np.abs(np.stack(seen[name]) - expected).max()) <= allowed, name
+        assert answers[name] == expected.argmax(-1).tolist(), name
+
+    batch.keep([])
+    dropped = step.prefill_group(["d"], [prompts["a"]])
+    dropped.run(8)
+    assert len(pool.free) == pool.blocks - math.ceil(len(prompts["a"]) / pool.block_size)
+    del dropped
+    gc.collect()
+    assert len(pool.free) == pool.blocks
+
+
+def test_paged_verification_and_rollback_continue_as_plain_decoding(folders):
+    """Speculation's two operations on the paged batch: two rows each fed their last token and 3 proposals in one
+    call give ONNX Runtime's logits at every fed position; rolling back the rejected ones (2 and 0) leaves each row
+    where plain decoding of its kept tokens would be, and the next step's logits are ONNX Runtime's for that."""
+    model = OrtModelForCausalLM.from_pretrained(folders["rope"], engine="openvino", openvino_precision="f32")
+    step = model.decoder_runtime.step_model()
+    alone = OrtModelForCausalLM.from_pretrained(folders["rope"])
+    generator = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 60, (length,), generator=generator).tolist() for length in (30, 9)]
+    group = step.prefill_group(["x", "y"], prompts)
+    firsts = group.run(group.columns).argmax(-1).tolist()
+    batch = step.new_batch()
+    batch.join(group, [0, 1])
+    proposals = [[11, 12, 13], [21, 22, 23]]
+    fed = [[first, *more] for first, more in zip(firsts, proposals)]
+    verified = batch.verify(fed)
+    batch.rollback([2, 0])
+    kept = [prompts[0] + fed[0][:2], prompts[1] + fed[1]]
+    following = batch.step(np.array([40, 41]))
+    kind, tolerance = TOLERANCES["fp32"]
+    for row in range(2):
+        with torch.no_grad():
+            expected = alone(input_ids=torch.tensor([prompts[row] + fed[row]])).logits[0, len(prompts[row]) :].numpy()
+            after = alone(input_ids=torch.tensor([kept[row] + [40 + row]])).logits[0, -1].numpy()
+        allowed = allowed_difference(kind, tolerance, float(np.abs(expected).max()), model.config.num_hidden_layers)
+        assert float(np.abs(verified[row] - expected).max()) <= allowed
+        assert float(np.abs(following[row] - after).max()) <= allowed
+
+
+def test_a_graph_without_position_ids_is_served_by_the_stateful_batch_and_the_log_says_why(folders, caplog):
+    """An ALiBi decoder's graph takes no position_ids, which the paged form needs: the server's step model is the
+    stateful batch, and the log names the reason."""
+    model = OrtModelForCausalLM.from_pretrained(folders["alibi"], engine="openvino", openvino_precision="f32")
+    with caplog.at_level(logging.INFO, logger="vaswani.runtime.decoders.openvino"):
+        step = model.decoder_runtime.step_model()
+    assert isinstance(step, OpenVinoStepModel)
+    assert "stateful batch" in caplog.text and "position_ids" in caplog.text

@@ -1,0 +1,288 @@
+"""The server's batch for `engine="openvino"`: a paged KV cache inside OpenVINO, as OpenVINO GenAI's continuous
+batching and vLLM keep theirs.
+
+The portable graph is compiled in its paged form (`openvino.make_paged`): the tokens of every sequence of a call go
+in one flat row, and each sequence's keys and values live in fixed-size blocks of shared cache tensors
+(`BlockPool`), which OpenVINO's paged-attention kernel reads and appends to in place. So rows of any lengths
+prefill and decode side by side without padding, a row joins or leaves the running batch without a copy of anyone's
+cache, and a prompt whose first tokens the server's prefix cache holds starts from them written into its blocks.
+The stateful batch it replaces (`openvino.OpenVinoBatch`, still used for graphs the paged form cannot take: ALiBi)
+read the whole batch's cache out of OpenVINO and wrote it back at every join and leave.
+
+    >>> step = PagedStepModel(model, model.decoder_runtime)      # an engine="openvino" OrtModelForCausalLM
+    >>> group = step.prefill_group(rows, prompts)
+    >>> logits = group.run(group.columns)                        # (rows, vocab): each prompt's last token
+    >>> batch = step.new_batch(); batch.join(group, [0, 1]); batch.step(tokens)
+"""
+
+import logging
+import math
+import weakref
+from typing import Any
+
+import numpy as np
+
+from ..openvino import OPENVINO_TYPES, import_openvino, make_paged, read_graph
+from .portable import context_length
+
+logger = logging.getLogger(__name__)
+
+# Cache blocks the pool starts with; it doubles when full (one copy of the cache each time).
+FIRST_BLOCKS = 64
+
+
+class BlockPool:
+    """The cache tensors of the paged graph, (blocks, kv_heads, block_size, head_dim) each, bound to its infer request
+    by shared memory, and which of their blocks are free."""
+
+    def __init__(self, compiled: Any, request: Any, names: list[str], dtype: np.dtype):
+        self.request, self.names, self.dtype = request, names, dtype
+        shape = compiled.input(names[0]).get_partial_shape()
+        self.heads, self.block_size, self.head_dim = (shape[axis].get_length() for axis in (1, 2, 3))
+        self.arrays: list[np.ndarray] = []
+        self.free: list[int] = []
+        self.grow(FIRST_BLOCKS)
+
+    @property
+    def blocks(self) -> int:
+        return self.arrays[0].shape[0] if self.arrays else 0
+
+    @property
+    def bytes_per_block(self) -> int:
+        return len(self.names) * self.heads * self.block_size * self.head_dim * np.dtype(self.dtype).itemsize
+
+    def grow(self, blocks: int) -> None:
+        """Make room for `blocks` blocks in all (the blocks held keep their numbers and contents)."""
+        openvino = import_openvino()
+        old = self.blocks
+        shape = (blocks, self.heads, self.block_size, self.head_dim)
+        arrays = []
+        for index, name in enumerate(self.names):
+            array = np.zeros(shape, dtype=self.dtype)
+            if old:
+                array[:old] = self.arrays[index]
+            self.request.set_tensor(name, openvino.Tensor(array, shared_memory=True))
+            arrays.append(array)
+        self.arrays = arrays
+        self.free.extend(range(blocks - 1, old - 1, -1))  # popped from the end: the lowest first
+        if old:
+            logger.info("paged KV cache grown to %d blocks (%.0f MiB)", blocks, blocks * self.bytes_per_block / 2**20)
+
+    def allocate(self, count: int) -> list[int]:
+        if count > len(self.free):
+            self.grow(max(2 * self.blocks, self.blocks + count - len(self.free)))
+        return [self.free.pop() for _ in range(count)]
+
+    def release(self, blocks: list[int]) -> None:
+        self.free.extend(blocks)
+        blocks.clear()
+
+
+class PagedRow:
+    """One sequence's cache: the blocks it holds, in order, and how many tokens they hold. Its blocks go back to the
+    pool when it is released or dropped (a prefill that failed, a batch that was thrown away)."""
+
+    def __init__(self, pool: BlockPool):
+        self.pool, self.blocks, self.length = pool, [], 0
+        self.release = weakref.finalize(self, pool.release, self.blocks)
+
+    def reserve(self, tokens: int) -> None:
+        """Hold blocks for `tokens` tokens in all."""
+        missing = math.ceil(tokens / self.pool.block_size) - len(self.blocks)
+        if missing > 0:
+            self.blocks.extend(self.pool.allocate(missing))
+
+    def write(self, prefix: list[np.ndarray]) -> None:
+        """Start the row with a given cache, (kv_heads, tokens, head_dim) per cache tensor."""
+        tokens, size = prefix[0].shape[1], self.pool.block_size
+        self.reserve(tokens)
+        for array, given in zip(self.pool.arrays, prefix):
+            for index, block in enumerate(self.blocks[: math.ceil(tokens / size)]):
+                part = given[:, index * size : (index + 1) * size]
+                array[block, :, : part.shape[1]] = part
+        self.length = tokens
+
+    def read(self, start: int, stop: int) -> list[np.ndarray]:
+        """A copy of the cache of tokens [start, stop), (kv_heads, stop - start, head_dim) per cache tensor."""
+        if stop > self.length:
+            raise ValueError(f"the row holds {self.length} tokens, not {stop}.")
+        size = self.pool.block_size
+        first, blocks = start // size, self.blocks[start // size : math.ceil(stop / size)]
+        offset = start - first * size
+        result = []
+        for array in self.pool.arrays:
+            held = array[blocks].transpose(1, 0, 2, 3).reshape(self.pool.heads, -1, self.pool.head_dim)
+            result.append(np.ascontiguousarray(held[:, offset : offset + stop - start]))
+        return result
+
+
+class PagedStepModel:
+    """The server's step model of `engine="openvino"`: prompts and decode steps in the paged graph (see the module's
+    docstring). Built where `make_paged` takes the graph; `OpenVinoRuntime.step_model` falls back to the stateful
+    batch elsewhere, and says why in the log."""
+
+    def __init__(self, model: Any, runtime: Any):
+        decoder = runtime.openvino
+        self.vocab_size = model.manifest["vocab_size"]
+        self.context_length = context_length(model.config)
+        self.description = runtime.description
+        core, graph = read_graph(decoder.path)
+        make_paged(graph, model.manifest)  # a ValueError (or OpenVINO's RuntimeError) where it cannot
+        cache_type = "f16" if decoder.precision == "bf16" else "f32"  # as the stateful decoder keeps it
+        properties = {
+            "INFERENCE_PRECISION_HINT": OPENVINO_TYPES[decoder.precision],
+            "INFERENCE_NUM_THREADS": int(decoder.threads),
+            "KV_CACHE_PRECISION": cache_type,
+        }
+        self.compiled = core.compile_model(graph, "CPU", properties)
+        self.request = self.compiled.create_infer_request()
+        names = [port.get_any_name() for port in self.compiled.inputs if "_cache." in port.get_any_name()]
+        self.pool = BlockPool(self.compiled, self.request, names, np.float16 if cache_type == "f16" else np.float32)
+        self.logits_port = self.compiled.output("logits")
+
+    def new_batch(self) -> "PagedBatch":
+        return PagedBatch(self)
+
+    def prefill_group(
+        self, rows: list[Any], prompts: list[list[int]], prefixes: list[list[np.ndarray] | None] | None = None
+    ) -> "PagedPrefill":
+        return PagedPrefill(self, rows, prompts, prefixes)
+
+    def new_row(self) -> PagedRow:
+        return PagedRow(self.pool)
+
+    def infer(self, rows: list[PagedRow], tokens: list[np.ndarray], every_position: bool = False) -> np.ndarray:
+        """Feed `tokens[i]` (at least one) after the cache of `rows[i]`, in one call; the rows grow by them. Returns
+        the logits of each row's last token (rows, vocab), or with `every_position` of every token fed (tokens,
+        vocab, the rows' in order)."""
+        counts = np.array([len(fed) for fed in tokens], dtype=np.int32)
+        for row, count in zip(rows, counts):
+            row.reserve(row.length + int(count))
+        past = np.array([row.length for row in rows], dtype=np.int32)
+        begins = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        blocks = [
+            row.blocks[: math.ceil((row.length + count) / self.pool.block_size)] for row, count in zip(rows, counts)
+        ]
+        feeds = {
+            "input_ids": np.concatenate(tokens).astype(np.int64),
+            "position_ids": np.concatenate([np.arange(p, p + c) for p, c in zip(past, counts)]).astype(np.int64),
+            "logits_positions": np.arange(begins[-1]) if every_position else begins[1:] - 1,
+            "past_lens": past,
+            "subsequence_begins": begins,
+            "block_indices": np.concatenate(blocks).astype(np.int32),
+            "block_indices_begins": np.concatenate([[0], np.cumsum([len(b) for b in blocks])]).astype(np.int32),
+            "max_context_len": np.array(int((past + counts).max()), dtype=np.int32),
+        }
+        feeds["logits_positions"] = feeds["logits_positions"].astype(np.int64)
+        self.request.infer(feeds, share_inputs=True)
+        for row, count in zip(rows, counts):
+            row.length += int(count)
+        return self.request.get_tensor(self.logits_port).data[:, -1].copy()
+
+
+class PagedPrefill:
+    """Prompts prefilled together (the `Prefill` protocol) in the paged graph. The prompts' rests (after any cached
+    prefix) are aligned on their last token, as the left-padded group aligns them, and `run(columns)` feeds each
+    rest's tokens in the next `columns` columns: the scheduler's chunks hold what they held, without the padding."""
+
+    def __init__(
+        self,
+        model: PagedStepModel,
+        rows: list[Any],
+        prompts: list[list[int]],
+        prefixes: list[list[np.ndarray] | None] | None = None,
+    ):
+        self.model, self.rows = model, rows
+        self.states = [model.new_row() for _ in prompts]
+        self.rests = []
+        for state, prompt, prefix in zip(self.states, prompts, prefixes or [None] * len(prompts)):
+            if prefix is not None:
+                state.write(prefix)
+            state.reserve(len(prompt))
+            self.rests.append(np.asarray(prompt[state.length :], dtype=np.int64))
+        self.filled = 0
+
+    @property
+    def columns(self) -> int:
+        return max(len(rest) for rest in self.rests)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(rest) for rest in self.rests)
+
+    @property
+    def done(self) -> bool:
+        return self.filled == self.columns
+
+    def run(self, columns: int) -> np.ndarray:
+        """Feed the next `columns` columns; returns the logits of the rows fed (rows, vocab): every row's last prompt
+        token's in the last chunk, which feeds every row."""
+        start, end = self.filled, min(self.filled + columns, self.columns)
+        fed = []
+        for index, rest in enumerate(self.rests):
+            offset = self.columns - len(rest)  # the row's first column
+            chunk = rest[max(0, start - offset) : max(0, end - offset)]
+            if len(chunk):
+                fed.append((index, chunk))
+        logits = self.model.infer([self.states[index] for index, _ in fed], [chunk for _, chunk in fed])
+        self.filled = end
+        return logits
+
+    def keep(self, rows: list[int]) -> tuple[list[Any], list[PagedRow]]:
+        """The rows listed with their caches, to join a `PagedBatch`; the others' blocks go back to the pool."""
+        for index, state in enumerate(self.states):
+            if index not in rows:
+                state.release()
+        return [self.rows[i] for i in rows], [self.states[i] for i in rows]
+
+    def row_cache(self, row: int, start: int, stop: int) -> list[np.ndarray]:
+        return self.states[row].read(start, stop)
+
+
+class PagedBatch:
+    """The running sequences (the `Batch` protocol), each with its own blocks: a join adds rows, a leave releases
+    their blocks, and neither copies a cache."""
+
+    def __init__(self, model: PagedStepModel):
+        self.model = model
+        self.rows: list[Any] = []
+        self.states: list[PagedRow] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def join(self, group: PagedPrefill, keep: list[int]) -> None:
+        rows, states = group.keep(keep)
+        self.rows += rows
+        self.states += states
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        """Feed one token per row (`tokens`, (batch,)); returns the logits (batch, vocab)."""
+        return self.model.infer(self.states, list(np.asarray(tokens, dtype=np.int64).reshape(-1, 1)))
+
+    def verify(self, fed: list[list[int]]) -> np.ndarray:
+        """Feed each row its last token and proposals in one call; the logits of every fed position (rows, longest,
+        vocab), a row's columns past its own count zero."""
+        logits = self.model.infer(self.states, [np.asarray(tokens, dtype=np.int64) for tokens in fed], True)
+        result = np.zeros((len(fed), max(len(tokens) for tokens in fed), logits.shape[-1]), dtype=logits.dtype)
+        begin = 0
+        for row, tokens in enumerate(fed):
+            result[row, : len(tokens)] = logits[begin : begin + len(tokens)]
+            begin += len(tokens)
+        return result
+
+    def rollback(self, rejected: list[int]) -> None:
+        """Forget each row's last `rejected[i]` tokens: the next ones overwrite them in the row's blocks."""
+        for state, count in zip(self.states, rejected):
+            state.length -= count
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only the rows listed (in that order); the others' blocks go back to the pool."""
+        for index, state in enumerate(self.states):
+            if index not in rows:
+                state.release()
+        self.rows = [self.rows[i] for i in rows]
+        self.states = [self.states[i] for i in rows]
+
+    def row_cache(self, row: int, start: int, stop: int) -> list[np.ndarray]:
+        return self.states[row].read(start, stop)
