@@ -14,9 +14,10 @@ kernels and lost every decode step to ONNX Runtime (docs/results/openvino_route_
 
 What runs where (docs/results/openvino_route_1b_cpu.md has the measurements):
 - prompts and prefill chunks (more than one token per row): OpenVINO;
-- `generate`'s greedy/sampling loop and the server's running batch: every step in OpenVINO with the cache held in
-  the request, where `OpenVinoRuntime.decodes_in_openvino` (an unquantized export, or two rows or more); one-token
-  steps of a quantized export's single row run in ONNX Runtime, whose `MatMulNBits` kernels decoded those faster;
+- `generate`'s greedy/sampling loop: every step in OpenVINO with the cache held in the request, where
+  `OpenVinoRuntime.decodes_in_openvino` (an unquantized export, or two rows or more); one-token steps of a quantized
+  export's single row run in ONNX Runtime, whose `MatMulNBits` kernels decoded those faster;
+- the server's prompts and running batch: the graph's paged form (`make_paged`, `decoders/paged.py`);
 - other one-token calls (`forward`, beam search): ONNX Runtime (`OpenVinoRuntime` routes each call by its length).
 The stateless hand-over works because the portable graph's cache is plain (batch, heads, length, head_dim) tensors:
 OpenVINO's state is written from and read into them. The cost is memory: both runtimes hold the weights (OpenVINO in
@@ -135,7 +136,8 @@ class OpenVinoSession:
 class OpenVinoDecoder:
     """A portable decoder graph compiled by OpenVINO with its cache inside: what `generate` runs every step in where
     `OpenVinoRuntime.decodes_in_openvino` says so, and where `vaswani serve --engine openvino` keeps its running
-    batch's cache between steps (`decoders.openvino.OpenVinoBatch`); `run` is the stateless call (prompts, validation).
+    batch's cache between steps for graphs without the paged form (`decoders.openvino.OpenVinoBatch`); `run` is the
+    stateless call (prompts, validation).
 
     Each infer request (`new_request`) holds one cache, so concurrent generations do not share one. For the lean loop
     it is a `held_cache.HeldCacheDecoder`, as `GqaDecoder` is: `start` prefills a left-padded prompt and returns the

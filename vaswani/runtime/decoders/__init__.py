@@ -4,6 +4,7 @@
 - `portable.py`: ONNX Runtime on the portable graph; the cache is plain tensors, left-padded (`PortableRuntime`).
 - `gqa.py`: ONNX Runtime on the GroupQueryAttention form; one in-place KV buffer per cache tensor (`GqaRuntime`).
 - `openvino.py`: OpenVINO's stateful graph for prompts and, where faster, decode steps (`OpenVinoRuntime`).
+- `paged.py`: the server's batch for `openvino.py`: OpenVINO's paged-attention graph, a block pool per model.
 
 Each implementation (the `DecoderRuntime` protocol) declares which `engine=` asks for it and when it applies
 (`refusal`), and carries everything the rest of the package asks of a decoder: `forward`'s call, the lean generation

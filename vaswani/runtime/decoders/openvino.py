@@ -5,9 +5,11 @@ the server's running batch run every step in OpenVINO with the cache held inside
 it was measured faster; other one-token calls (`forward`, beam search, a quantized export's single row) run in ONNX
 Runtime. Both compile the same graph, so each one's present cache is the other's past.
 
-**Held by OpenVINO** (`OpenVinoBatch`, with the portable runtime's `PrefillGroup`): a left-padded batch whose cache,
-between OpenVINO's decode steps, stays inside one infer request of the stateful graph, so that a step feeds only the
-tokens; joins and leaves read it out and write it back once.
+The server's batch is paged (`paged.PagedStepModel`: the same graph in OpenVINO's paged-attention form, each
+sequence's cache in blocks of its own, every prompt chunk and decode step in OpenVINO). Where the graph cannot take
+that form (no `position_ids`: ALiBi) it is `OpenVinoBatch`, with the portable runtime's `PrefillGroup`: a left-padded
+batch whose cache, between OpenVINO's decode steps, stays inside one infer request of the stateful graph, so that a
+step feeds only the tokens; joins and leaves read it out and write it back once.
 
     >>> model = OrtModelForCausalLM.from_pretrained("onnx-folder", engine="openvino")  # bf16 where the CPU has it
     >>> model.decoder_runtime.description
