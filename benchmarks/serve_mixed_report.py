@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 ENGINE_NOTES = {
     "vaswani": "`vaswani serve FOLDER --threads T --max-batch B`; `ignore_eos: true` in the request. The "
     "`-openvino` engines add `--engine openvino --openvino-precision auto` on the portable export (`vaswani export "
-    "--attention portable`): prompts, and decode steps where that is faster, in OpenVINO, in bfloat16 where the CPU "
-    "has AVX512_BF16 or AMX. A `+VARIANT` engine adds the server flags its row names (`+noprefix`: "
+    "--attention portable`), in bfloat16 where the CPU has AVX512_BF16 or AMX: from commit c481193 on, prompts and "
+    "decode steps in OpenVINO's paged-attention graph, each sequence's cache in blocks of its own; before it, prompts "
+    "and decode steps where faster in OpenVINO's stateful graph, the cache read out at each join and leave. A `+VARIANT` engine adds the server flags its row names (`+noprefix`: "
     "`--prefix-cache-bytes 0`, the prefix cache off).",
     "llama-server": "llama.cpp's `llama-server -m GGUF -t T -tb T --parallel B` (continuous batching; a context of "
     "`--ctx-per-slot` tokens per slot); `ignore_eos: true` in the request.",
