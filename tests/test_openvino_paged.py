@@ -6,6 +6,7 @@ checked against the blocks each row's length needs."""
 import gc
 import logging
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -156,3 +157,43 @@ def test_a_graph_without_position_ids_is_served_by_the_stateful_batch_and_the_lo
         step = model.decoder_runtime.step_model()
     assert isinstance(step, OpenVinoStepModel)
     assert "stateful batch" in caplog.text and "position_ids" in caplog.text
+
+
+def test_a_failing_fused_step_runs_the_chunk_and_the_step_apart(folders, monkeypatch, caplog):
+    """Where the one call of a decoding step and a prompt chunk fails, the scheduler logs it and runs the two apart
+    (so a bad prompt would fail only its own requests): every answer is still the one the fused steps give."""
+    from vaswani.serving import SamplingParams
+    from vaswani.serving.scheduler import Scheduler
+
+    model = OrtModelForCausalLM.from_pretrained(folders["rope"], engine="openvino", openvino_precision="f32")
+    step = model.decoder_runtime.step_model()
+    generator = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, 60, (length,), generator=generator).tolist() for length in (12, 90)]
+
+    def answers() -> list[list[int]]:
+        scheduler = Scheduler(step, max_batch=4, max_num_batched_tokens=16).start()
+        try:
+            results = [[] for _ in prompts]
+            first = scheduler.submit(prompts[0], SamplingParams(max_tokens=40, temperature=0), results[0].append)
+            while len(results[0]) < 2:  # the first stream runs before the long prompt arrives
+                threading.Event().wait(0.01)
+            scheduler.submit(prompts[1], SamplingParams(max_tokens=8, temperature=0), results[1].append)
+            while not all(result and result[-1].finish_reason for result in results):
+                threading.Event().wait(0.01)
+            assert first.finished
+        finally:
+            scheduler.stop()
+        return [[event.token for event in result] for result in results]
+
+    fused = answers()
+    failures = []
+
+    def failing(self, tokens, group, columns):
+        failures.append(columns)
+        raise RuntimeError("a fused call that fails")
+
+    monkeypatch.setattr(paged.PagedBatch, "step_with_prefill", failing)
+    with caplog.at_level(logging.ERROR, logger="vaswani.serving.scheduler"):
+        apart = answers()
+    assert failures and "running the two apart" in caplog.text
+    assert apart == fused

@@ -234,14 +234,19 @@ def long_prompt_beside_streams(step_model, budget: int, streams: list[list[int]]
     return results, list(scheduler.step_log)[joined:]
 
 
-@pytest.mark.parametrize("runtime", ["gqa", "portable"])
+@pytest.mark.parametrize("runtime", ["gqa", "portable", "openvino"])
 def test_a_long_prompt_joins_running_streams_in_chunks_within_the_token_budget(runtime, step_models, texts):
+    """OpenVINO's paged batch computes each chunk in the same call as the streams' decoding step
+    (`Scheduler._fused_step`); its answers are also the portable runtime's, which runs the same fp32 graph apart."""
     step_model, budget = step_models(runtime), 24
     streams = [texts[1][:20], texts[2][:25]]
     long_prompt = [token for text in texts[3:12] for token in text][:400]
     answers, log = long_prompt_beside_streams(step_model, budget, streams, long_prompt)
     whole_answers, _ = long_prompt_beside_streams(step_model, 512, streams, long_prompt)
     assert answers == whole_answers
+    if runtime == "openvino":
+        assert hasattr(step_model.new_batch(), "step_with_prefill")
+        assert answers == long_prompt_beside_streams(step_models("portable"), budget, streams, long_prompt)[0]
     # The long prompt went in chunks of at most the budget less the running streams' tokens, each iteration beside a
     # decoding step of both streams (a stream's longest gap: one chunk), never over the budget.
     chunks = [(fed, decoded) for fed, decoded in log if fed]
@@ -249,6 +254,8 @@ def test_a_long_prompt_joins_running_streams_in_chunks_within_the_token_budget(r
     assert len(chunks) >= len(long_prompt) // budget
     assert all(decoded >= 2 for _, decoded in chunks[:-1])
     assert all(fed + decoded <= budget for fed, decoded in log)
+    # The long prompt's rows decode in its last chunk's iteration where it ran apart, from the next one where fused.
+    assert chunks[-1][1] == (2 if runtime == "openvino" else 3), log
 
 
 def test_served_prefix_cache_reports_its_hits_in_metrics_and_health(folders, tokenizer):

@@ -292,20 +292,32 @@ class Scheduler:
         self._drop_cancelled_waiting()
         self.fed = self.decoded = 0  # prompt tokens and sequences decoded this iteration (set by the steps)
         group = self.prefilling
-        if group is not None:
-            if all(sequence.cancelled for sequence in group.rows):
-                self.prefilling = None
-            else:
-                try:
-                    self._prefill(group)
-                except Exception as error:  # e.g. a prompt the graph rejects: only these requests fail
-                    log.exception("prefill failed")
-                    self.prefilling = None
-                    for sequence in group.rows:
-                        self._finish(sequence, Event(None, "error", f"{type(error).__name__}: {error}"))
-        if self.batch.rows:
-            self._decode_step()
+        if group is not None and all(sequence.cancelled for sequence in group.rows):
+            self.prefilling = group = None
+        if group is not None and self._fuses(group):
+            self._fused_step(group)
+        else:
+            if group is not None:
+                self._prefill_alone(group)
+            if self.batch.rows:
+                self._decode_step()
         self.step_log.append((self.fed, self.decoded))
+
+    def _prefill_alone(self, group: Prefill) -> None:
+        """`_prefill`, failing only the group's requests where it fails (e.g. a prompt the graph rejects)."""
+        try:
+            self._prefill(group)
+        except Exception as error:
+            log.exception("prefill failed")
+            self.prefilling = None
+            for sequence in group.rows:
+                self._finish(sequence, Event(None, "error", f"{type(error).__name__}: {error}"))
+
+    def _fuses(self, group: Prefill) -> bool:
+        """Whether this iteration computes the running rows' tokens and the group's next chunk in one call: where
+        the batch takes both at once (`step_with_prefill`, the paged batch) and rows are running, without speculation
+        (whose steps feed several tokens a row)."""
+        return bool(self.batch.rows) and self.speculator is None and hasattr(self.batch, "step_with_prefill")
 
     def _drop_cancelled_waiting(self) -> None:
         if any(sequence.cancelled for sequence in self.waiting):
@@ -322,8 +334,11 @@ class Scheduler:
         with self.timed("prefill"):
             logits = group.run(columns)
         self.fed = len(group.rows) * (group.filled - start)
-        if not group.done:
-            return
+        if group.done:
+            self._prefilled(group, logits)
+
+    def _prefilled(self, group: Prefill, logits: np.ndarray) -> None:
+        """The group's prompts are in: their first tokens from `logits` (rows, vocab), and they join the batch."""
         self.prefilling = None
         with self.timed("sampling"):
             tokens = choose_tokens(logits, group.rows)
@@ -336,23 +351,62 @@ class Scheduler:
         with self.timed("join"):
             self.batch.join(group, keep)
 
-    def _decode_step(self) -> None:
+    def _running_rows(self) -> list[Sequence]:
+        """The batch's rows once the cancelled ones have left."""
         rows = self.batch.rows
         with self.timed("leave"):
             self.batch.keep([i for i, sequence in enumerate(rows) if not sequence.cancelled])
-        rows = self.batch.rows
+        return self.batch.rows
+
+    def _decode_step(self) -> None:
+        rows = self._running_rows()
         if not rows:
             return
         if self.speculator is not None and self._speculative_step(rows):
             return
-        self.decoded = len(rows)
+        tokens, masks = self._step_inputs(rows)
+        with self.timed("decode"):
+            logits = self.batch.step(tokens)
+        self._decoded(rows, logits, masks)
+
+    def _fused_step(self, group: Prefill) -> None:
+        """One call for the running rows' next tokens and the group's next chunk (as vLLM's and OpenVINO GenAI's
+        steps mix them): the budget less a token per running row goes to the chunk, and the group's rows decode from
+        the next iteration. Where the call fails, the two run apart, so that a bad prompt fails only its requests."""
+        rows = self._running_rows()
+        if not rows:
+            self._prefill_alone(group)
+            return
+        columns = max(1, (self.max_num_batched_tokens - len(rows)) // len(group.rows))
+        tokens, masks = self._step_inputs(rows)
+        start = group.filled
+        try:
+            with self.timed("decode"):
+                logits, prompt_logits = self.batch.step_with_prefill(tokens, group, columns)
+        except Exception:
+            log.exception("a decoding step with a prompt chunk failed; running the two apart")
+            if masks is not None:
+                masks.result()
+            self._prefill_alone(group)
+            if self.batch.rows:
+                self._decode_step()
+            return
+        self.fed = len(group.rows) * (group.filled - start)
+        self._decoded(rows, logits, masks)
+        if group.done:
+            self._prefilled(group, prompt_logits)
+
+    def _step_inputs(self, rows: list[Sequence]) -> tuple[np.ndarray, Any]:
+        """Each row's last token, and its grammar's mask for the next one being computed (None without grammars)."""
         tokens = np.array([sequence.generated[-1] for sequence in rows], dtype=np.int64)
         # The grammars' masks for this step's tokens are computed beside the step (llguidance and ONNX Runtime both
         # release the GIL), off the critical path as vLLM computes them.
         matchers = [sequence.sampler.matcher for sequence in rows if sequence.sampler.matcher is not None]
-        masks = self.mask_worker.submit(fill_masks, matchers) if matchers else None
-        with self.timed("decode"):
-            logits = self.batch.step(tokens)
+        return tokens, (self.mask_worker.submit(fill_masks, matchers) if matchers else None)
+
+    def _decoded(self, rows: list[Sequence], logits: np.ndarray, masks: Any) -> None:
+        """A decoding step's logits (rows, vocab): each row's token chosen and accepted, the finished rows gone."""
+        self.decoded = len(rows)
         if masks is not None:
             with self.timed("grammar"):
                 masks.result()

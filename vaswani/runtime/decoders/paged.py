@@ -217,16 +217,23 @@ class PagedPrefill:
     def run(self, columns: int) -> np.ndarray:
         """Feed the next `columns` columns; returns the logits of the rows fed (rows, vocab): every row's last prompt
         token's in the last chunk, which feeds every row."""
+        states, chunks = self.next_chunk(columns)
+        logits = self.model.infer(states, chunks)
+        self.filled = min(self.filled + columns, self.columns)
+        return logits
+
+    def next_chunk(self, columns: int) -> tuple[list[PagedRow], list[np.ndarray]]:
+        """The rows with tokens in the next `columns` columns, and those tokens (`filled` is the caller's to move, by
+        `columns`, once they are fed)."""
         start, end = self.filled, min(self.filled + columns, self.columns)
-        fed = []
-        for index, rest in enumerate(self.rests):
+        states, chunks = [], []
+        for state, rest in zip(self.states, self.rests):
             offset = self.columns - len(rest)  # the row's first column
             chunk = rest[max(0, start - offset) : max(0, end - offset)]
             if len(chunk):
-                fed.append((index, chunk))
-        logits = self.model.infer([self.states[index] for index, _ in fed], [chunk for _, chunk in fed])
-        self.filled = end
-        return logits
+                states.append(state)
+                chunks.append(chunk)
+        return states, chunks
 
     def keep(self, rows: list[int]) -> tuple[list[Any], list[PagedRow]]:
         """The rows listed with their caches, to join a `PagedBatch`; the others' blocks go back to the pool."""
@@ -259,6 +266,15 @@ class PagedBatch:
     def step(self, tokens: np.ndarray) -> np.ndarray:
         """Feed one token per row (`tokens`, (batch,)); returns the logits (batch, vocab)."""
         return self.model.infer(self.states, list(np.asarray(tokens, dtype=np.int64).reshape(-1, 1)))
+
+    def step_with_prefill(self, tokens: np.ndarray, group: PagedPrefill, columns: int) -> tuple[np.ndarray, np.ndarray]:
+        """`step(tokens)` and `group.run(columns)` in one call of the graph (the weights read once for both); returns
+        both logits: (batch, vocab) and the group's as `run` returns them."""
+        states, chunks = group.next_chunk(columns)
+        steps = list(np.asarray(tokens, dtype=np.int64).reshape(-1, 1))
+        logits = self.model.infer(self.states + states, steps + chunks)
+        group.filled = min(group.filled + columns, group.columns)
+        return logits[: len(self.rows)], logits[len(self.rows) :]
 
     def verify(self, fed: list[list[int]]) -> np.ndarray:
         """Feed each row its last token and proposals in one call; the logits of every fed position (rows, longest,
