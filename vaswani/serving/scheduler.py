@@ -8,7 +8,9 @@ its client goes away, without waiting for the others (its `Batch`).
 **The token budget** (`max_num_batched_tokens`, vLLM's chunked prefill): each iteration of the loop computes at most
 that many tokens: one per running sequence (a decoding step) and, with what is left, a chunk of the prompts being
 prefilled. So a long prompt never stalls the running streams for more than one chunk per token, and a burst of new
-requests is fed as fast as the budget allows. Each iteration's share is kept in `step_log`.
+requests is fed as fast as the budget allows. Each iteration's share is kept in `step_log`. Where the batch takes both
+in one call (`step_with_prefill`: OpenVINO's paged batch), the decoding step and the chunk are one call of the graph,
+which reads the weights once for both; elsewhere they are two calls.
 
 **The prefix cache** (`prefix_cache`, `prefix_cache.PrefixCache`): a prompt whose first blocks of tokens were seen
 before (a shared system prompt, the conversation so far) is prefilled from their cached keys and values and computes
