@@ -444,7 +444,7 @@ def main() -> None:
                 settings = results["meta"]["servers"].setdefault(engine, server.settings())
                 if "inference_precision" in settings.get("scheduler", {}):  # OpenVINO GenAI's, as its shim found it
                     found = settings["scheduler"]["inference_precision"]
-                    results["meta"]["engines"][engine] = engine_labels(engine, args, found)
+                    results["meta"]["engines"][engine] = engine_labels(engine, args, found, settings["scheduler"])
                 for entry in measure(server, engine, round_index, args, workloads, count_tokens):
                     results["meta"]["load"] += entry.pop("load")
                     results["runs"].append(entry)
@@ -455,7 +455,7 @@ def main() -> None:
     print(report(results, args, command))
 
 
-def engine_labels(engine: str, args, openvino_genai: str = "") -> dict:
+def engine_labels(engine: str, args, openvino_genai: str = "", genai_settings: dict | None = None) -> dict:
     """What the results say of an engine beside its name: the extra server flags of its variants and the precision
     it computes in (`openvino_genai`: the precision OpenVINO GenAI's server reported)."""
     spec = engine_spec(engine, args.variants)
@@ -464,7 +464,7 @@ def engine_labels(engine: str, args, openvino_genai: str = "") -> dict:
         from vaswani.runtime.openvino import openvino_precision
 
         openvino = openvino_precision(args.openvino_precision)
-    precision = compute_precision(spec, openvino, openvino_genai)
+    precision = compute_precision(spec, openvino, openvino_genai, genai_settings)
     return {"flags": spec.flags_text, "precision": precision, "base": spec.base}
 
 

@@ -36,6 +36,7 @@ NGRAM_CONFIG = json.dumps({"method": "ngram", "num_speculative_tokens": 4})
 BUILTIN_VARIANTS: dict[str, dict[str, list[str]]] = {
     "noprefix": {"vaswani": ["--prefix-cache-bytes", "0"], "openvino": ["--no-prefix-caching"]},
     "ngram": {"vaswani": ["--speculative-config", NGRAM_CONFIG]},
+    "kvf16": {"vaswani": ["--kv-cache-dtype", "float16"]},
 }
 
 
@@ -93,20 +94,36 @@ def engine_spec(name: str, variants: dict[str, list[str]] | None = None) -> Engi
     return EngineSpec(name, base, family, weights, runtime, tuple(suffixes), tuple(flags))
 
 
-def compute_precision(spec: EngineSpec, openvino_precision: str, openvino_genai: str = "") -> str:
+def compute_precision(
+    spec: EngineSpec, openvino_precision: str, openvino_genai: str = "", genai_settings: dict | None = None
+) -> str:
     """The precision each engine computes in, as the results label it. `openvino_precision` is what
     `vaswani serve --engine openvino --openvino-precision auto` resolves to on this CPU (bf16 where it has
     AVX512_BF16 or AMX, else f32); `openvino_genai` what OpenVINO GenAI's shim reports (its CPU plugin's
-    INFERENCE_PRECISION_HINT), where known."""
+    INFERENCE_PRECISION_HINT), where known, and `genai_settings` the rest it reports (its KV cache's precision and
+    the group size of the int8 activations the CPU plugin computes compressed weights with)."""
     if spec.family == "vaswani":
         weights = {"fp32": "fp32 weights", "int8": "int8 weights", "int4": "int4 weights"}[spec.weights]
         if spec.runtime == "openvino":
-            return f"{weights}, {openvino_precision} compute (OpenVINO, portable export)"
+            # vaswani serve's paged cache: float16 asked for, else the compute precision's (f16 for bf16).
+            flags = list(spec.flags)
+            asked = flags[flags.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in flags else "auto"
+            cache = {"float16": "f16", "float32": "f32"}.get(asked, "f16" if openvino_precision == "bf16" else "f32")
+            activations = (
+                ", int8 activations in groups of 32 (the CPU plugin's default)" if spec.weights != "fp32" else ""
+            )
+            return f"{weights}, {openvino_precision} compute{activations}, {cache} KV cache (OpenVINO, portable export)"
         if spec.weights == "fp32":
             return f"{weights}, fp32 compute (ONNX Runtime)"
         return f"{weights}, int8 activations (ONNX Runtime's MatMulNBits, accuracy level 4)"
     if spec.family == "openvino":  # the shim reports the CPU plugin's precision once started (`openvino_genai`)
-        return f"{spec.weights} weights (NNCF), {openvino_genai or 'the CPU plugin default'} compute (OpenVINO GenAI)"
+        settings = genai_settings or {}
+        label = f"{spec.weights} weights (NNCF), {openvino_genai or 'the CPU plugin default'} compute"
+        if settings.get("dynamic_quantization_group_size") not in (None, "0"):
+            label += f", int8 activations in groups of {settings['dynamic_quantization_group_size']}"
+        if settings.get("kv_cache_precision"):
+            label += f", {settings['kv_cache_precision']} KV cache"
+        return f"{label} (OpenVINO GenAI)"
     if spec.family in ("llama-server", "llama-cpp-python"):
         return f"{spec.weights.upper()} GGUF"
     return "fp32"

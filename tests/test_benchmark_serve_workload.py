@@ -20,7 +20,7 @@ import pytest
 from benchmarks import serve_conversations as conversations
 from benchmarks import serve_workload as workload
 from benchmarks.results.serve_workloads import serve_workload_tables
-from benchmarks.serve_variants import engine_spec, parse_variants
+from benchmarks.serve_variants import compute_precision, engine_spec, parse_variants
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -434,3 +434,16 @@ def test_a_run_builds_every_workload_at_every_rate_with_a_warm_up_each():
     kind, chats = made["multi-turn inf"]
     assert kind == "conversations" and len(chats) == 4 and all(len(chat.user_turns) == 2 for chat in chats)
     assert made["multi-turn warm-up"][0] == "requests"
+
+
+def test_openvino_rows_name_their_kv_cache_and_int8_activations():
+    """The labels say what each OpenVINO-backed server computes with: vaswani's paged cache in the precision its flags
+    ask for (f32 by default at f32 compute), OpenVINO GenAI's as its shim reports the CPU plugin's defaults."""
+    plain = compute_precision(engine_spec("vaswani-int8-openvino", {}), "f32")
+    half = compute_precision(engine_spec("vaswani-int8-openvino+kvf16", {}), "f32")
+    assert "f32 KV cache" in plain and "f16 KV cache" in half and "int8 activations in groups of 32" in plain
+    assert "int8 activations" not in compute_precision(engine_spec("vaswani-fp32-openvino", {}), "f32")
+    assert "f16 KV cache" in compute_precision(engine_spec("vaswani-int8-openvino", {}), "bf16")
+    settings = {"kv_cache_precision": "u8", "dynamic_quantization_group_size": "32"}
+    genai = compute_precision(engine_spec("openvino-int8", {}), "f32", "f32", settings)
+    assert genai == "int8 weights (NNCF), f32 compute, int8 activations in groups of 32, u8 KV cache (OpenVINO GenAI)"

@@ -197,3 +197,38 @@ def test_a_failing_fused_step_runs_the_chunk_and_the_step_apart(folders, monkeyp
         apart = answers()
     assert failures and "running the two apart" in caplog.text
     assert apart == fused
+
+
+def test_a_float16_cache_halves_the_pool_and_keeps_onnxruntimes_tokens(folders):
+    """`kv_cache_dtype="float16"` (`vaswani serve --kv-cache-dtype float16`): the pool's tensors are float16, half the
+    bytes a block, and greedy tokens stay ONNX Runtime's with logits within the half-precision rule."""
+    model = OrtModelForCausalLM.from_pretrained(folders["rope"], engine="openvino", openvino_precision="f32")
+    half = model.decoder_runtime.step_model(kv_cache_dtype="float16")
+    full = model.decoder_runtime.step_model()
+    assert half.pool.arrays[0].dtype == np.float16 and full.pool.arrays[0].dtype == np.float32
+    assert 2 * half.pool.bytes_per_block == full.pool.bytes_per_block
+    prompt = torch.randint(3, 60, (50,), generator=torch.Generator().manual_seed(8)).tolist()
+    group = half.prefill_group(["x"], [prompt])
+    logits = [group.run(group.columns)[0]]
+    batch = half.new_batch()
+    batch.join(group, [0])
+    answer = [int(logits[-1].argmax())]
+    for _ in range(20):
+        logits.append(batch.step(np.array(answer[-1:]))[0])
+        answer.append(int(logits[-1].argmax()))
+    expected = whole_sequence_logits(OrtModelForCausalLM.from_pretrained(folders["rope"]), prompt, answer)
+    assert answer == expected.argmax(-1).tolist()
+    kind, tolerance = TOLERANCES["fp16"]
+    allowed = allowed_difference(kind, tolerance, float(np.abs(expected).max()), model.config.num_hidden_layers)
+    assert float(np.abs(np.stack(logits) - expected).max()) <= allowed
+
+
+def test_kv_cache_dtype_is_refused_where_the_cache_is_not_openvinos(folders):
+    from vaswani.serving import load_service
+
+    with pytest.raises(ValueError, match="engine='openvino'.*Leave it at 'auto'"):
+        load_service(folders["rope"], kv_cache_dtype="float16")
+    with pytest.raises(ValueError, match="not supported; use one of"):
+        OrtModelForCausalLM.from_pretrained(folders["rope"], engine="openvino").decoder_runtime.step_model(
+            kv_cache_dtype="int8"
+        )

@@ -48,7 +48,9 @@ class Engine:
         scheduler.enable_prefix_caching = prefix_caching
         self.settings = {"enable_prefix_caching": scheduler.enable_prefix_caching, "max_num_seqs": max_num_seqs,
                          "max_num_batched_tokens": max_batched_tokens, "cache_size_gb": cache_gb,
-                         "dynamic_split_fuse": True, "inference_precision": inference_precision()}  # fmt: skip
+                         "dynamic_split_fuse": True, "inference_precision": inference_precision(),
+                         "kv_cache_precision": cpu_default("KV_CACHE_PRECISION"),
+                         "dynamic_quantization_group_size": cpu_default("DYNAMIC_QUANTIZATION_GROUP_SIZE")}  # fmt: skip
         properties = {"INFERENCE_NUM_THREADS": threads}
         self.pipeline = openvino_genai.ContinuousBatchingPipeline(folder, scheduler, "CPU", properties)
         self.arrived: queue.Queue = queue.Queue()
@@ -89,6 +91,14 @@ class Engine:
             # Let the event loop send what this step made before the next step takes the GIL back: without it the
             # chunks of several steps went out together (inter-token gaps of 0 ms, then one long one).
             time.sleep(0)
+
+
+def cpu_default(name: str) -> str:
+    """A CPU plugin property's default on this CPU, as text (the pipeline is given no value for it)."""
+    import openvino
+
+    value = openvino.Core().get_property("CPU", name)
+    return value.to_string() if hasattr(value, "to_string") else str(value)
 
 
 def inference_precision() -> str:

@@ -198,6 +198,7 @@ def load_service(
     openvino_precision: str = "auto",
     tool_call_parser: str | None = None,
     speculative_config: str | dict | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> GenerationService | EncoderService:
     """Load `folder` for serving: an exported ONNX folder (`backend="onnx"`, on `provider` "cpu" or "cuda") or a
     PyTorch vaswani folder (`backend="torch"`), local or a Hub repository id; `threads` ONNX Runtime's intra-op threads
@@ -210,7 +211,10 @@ def load_service(
     `max_num_batched_tokens` tokens per iteration (decode tokens and a prompt chunk) and keeps prompt prefixes' keys
     and values in a prefix cache of `prefix_cache_bytes` (0: none); `speculative_config` turns on speculative
     decoding (vLLM's `--speculative-config` JSON or a dict, `speculation.SpeculativeConfig`: prompt lookup or a draft
-    model; default off). The scheduler is not started."""
+    model; default off). `kv_cache_dtype` ("auto", "float32", "float16") is the paged cache's under
+    `engine="openvino"` ("auto": the compute precision's). The scheduler is not started."""
+    if backend != "onnx" or engine not in ("openvino", "auto"):  # "auto" is known once the model is loaded
+        refuse_kv_cache_dtype(kv_cache_dtype, "PyTorch's" if backend == "torch" else "ONNX Runtime's")
     speculator = speculator_for(speculative_config, provider, threads)
     if tool_call_parser not in (None, "auto", *TOOL_CALL_PARSERS):
         choices = ", ".join(["auto", *TOOL_CALL_PARSERS])
@@ -240,7 +244,7 @@ def load_service(
         model = class_for_task(task).from_pretrained(folder, provider, **options)
         if task in EncoderService.kinds:
             return EncoderService(name, tokenizer, model, task)
-        step_model = model.decoder_runtime.step_model()
+        step_model = serving_step_model(model, kv_cache_dtype)
         check_draft(speculator, step_model.vocab_size)
         scheduler = Scheduler(
             step_model,
@@ -270,6 +274,23 @@ def load_service(
             name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer), tool_call_parser
         )
     raise ValueError(f"backend must be 'onnx' or 'torch', got {backend!r}.")
+
+
+def serving_step_model(model: Any, kv_cache_dtype: str) -> Any:
+    """The decoder runtime's step model; `kv_cache_dtype` other than "auto" only where its cache is OpenVINO's."""
+    if kv_cache_dtype == "auto":
+        return model.decoder_runtime.step_model()
+    if model.decoder_runtime.engine != "openvino":
+        refuse_kv_cache_dtype(kv_cache_dtype, "ONNX Runtime's")
+    return model.decoder_runtime.step_model(kv_cache_dtype=kv_cache_dtype)
+
+
+def refuse_kv_cache_dtype(kv_cache_dtype: str, whose: str) -> None:
+    if kv_cache_dtype != "auto":
+        raise ValueError(
+            f"kv_cache_dtype={kv_cache_dtype!r} sets the paged cache of engine='openvino' (--engine openvino); "
+            f"{whose} cache keeps the model's precision. Leave it at 'auto' here."
+        )
 
 
 def prefix_cache(max_bytes: int) -> PrefixCache | None:

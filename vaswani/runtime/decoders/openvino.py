@@ -30,7 +30,7 @@ from ..openvino import (
     route_description,
     unreadable_form_refusal,
 )
-from .paged import PagedStepModel
+from .paged import KV_CACHE_DTYPES, PagedStepModel
 from .portable import Array, OrtStepModel, PortableRuntime, RunningBatch
 
 logger = logging.getLogger(__name__)
@@ -130,11 +130,14 @@ class OpenVinoRuntime(PortableRuntime):
         loop = (logits_processor, stopping_criteria, generation_config)
         return held_cache_sample(self.openvino, input_ids, attention_mask, position_ids, *loop)
 
-    def step_model(self) -> "PagedStepModel | OpenVinoStepModel":
-        """The paged batch (`paged.PagedStepModel`) where the graph takes the paged form, else the stateful one."""
+    def step_model(self, kv_cache_dtype: str = "auto") -> "PagedStepModel | OpenVinoStepModel":
+        """The paged batch (`paged.PagedStepModel`, its cache in `kv_cache_dtype`: "auto", "float32" or "float16")
+        where the graph takes the paged form, else the stateful one."""
         try:
-            return PagedStepModel(self.model, self)
+            return PagedStepModel(self.model, self, kv_cache_dtype)
         except (ValueError, RuntimeError) as error:
+            if kv_cache_dtype not in KV_CACHE_DTYPES:
+                raise
             logger.info(
                 "serving with OpenVINO's stateful batch (a copy of the cache at each join and leave): %s", error
             )

@@ -27,6 +27,12 @@ from .portable import context_length
 
 logger = logging.getLogger(__name__)
 
+# `kv_cache_dtype` (vLLM's name) -> OpenVINO's KV_CACHE_PRECISION; "auto" keeps the stateful decoder's: float16
+# for bf16 compute, float32 for f32 (OpenVINO's own default, u8, stores scales inside blocks, which the prefix cache's
+# token ranges cannot cut: not offered).
+KV_CACHE_DTYPES = {"auto": None, "float32": "f32", "float16": "f16"}
+CACHE_ARRAYS = {"f32": np.float32, "f16": np.float16}
+
 # Cache blocks the pool starts with; it doubles when full (one copy of the cache each time).
 FIRST_BLOCKS = 64
 
@@ -121,14 +127,17 @@ class PagedStepModel:
     docstring). Built where `make_paged` takes the graph; `OpenVinoRuntime.step_model` falls back to the stateful
     batch elsewhere, and says why in the log."""
 
-    def __init__(self, model: Any, runtime: Any):
+    def __init__(self, model: Any, runtime: Any, kv_cache_dtype: str = "auto"):
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported; use one of {list(KV_CACHE_DTYPES)}.")
         decoder = runtime.openvino
         self.vocab_size = model.manifest["vocab_size"]
         self.context_length = context_length(model.config)
         self.description = runtime.description
         core, graph = read_graph(decoder.path)
         make_paged(graph, model.manifest)  # a ValueError (or OpenVINO's RuntimeError) where it cannot
-        cache_type = "f16" if decoder.precision == "bf16" else "f32"  # as the stateful decoder keeps it
+        cache_type = KV_CACHE_DTYPES[kv_cache_dtype] or ("f16" if decoder.precision == "bf16" else "f32")
+        logger.info("paged KV cache in %s (kv_cache_dtype=%s)", cache_type, kv_cache_dtype)
         properties = {
             "INFERENCE_PRECISION_HINT": OPENVINO_TYPES[decoder.precision],
             "INFERENCE_NUM_THREADS": int(decoder.threads),
@@ -137,7 +146,7 @@ class PagedStepModel:
         self.compiled = core.compile_model(graph, "CPU", properties)
         self.request = self.compiled.create_infer_request()
         names = [port.get_any_name() for port in self.compiled.inputs if "_cache." in port.get_any_name()]
-        self.pool = BlockPool(self.compiled, self.request, names, np.float16 if cache_type == "f16" else np.float32)
+        self.pool = BlockPool(self.compiled, self.request, names, CACHE_ARRAYS[cache_type])
         self.logits_port = self.compiled.output("logits")
 
     def new_batch(self) -> "PagedBatch":
