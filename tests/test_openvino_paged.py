@@ -89,8 +89,11 @@ def test_paged_rows_join_leave_share_a_prefix_and_grow_the_pool_as_onnxruntime_c
     prompts["b"] = prompts["a"][:32] + prompts["b"]
     group = step.prefill_group(["b", "c"], [prompts["b"], prompts["c"]], [prefix, None])
     assert group.tokens == 45 + 5  # only the rests are computed
+    chunks = []
     while not group.done:
         logits = group.run(20)
+        chunks.append(group.computed)
+    assert chunks == [40, 50]  # 20 x 2 rows of tokens a call: b's first 40, then b's last 5 and c's 5
     choose(group.rows, logits)
     batch.join(group, [0, 1])
     decode(4)

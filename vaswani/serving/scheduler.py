@@ -332,10 +332,10 @@ class Scheduler:
         # The rows of the group decode in this iteration too when this chunk is their last.
         budget = self.max_num_batched_tokens - len(self.batch) - len(group.rows)
         columns = max(1, budget // len(group.rows))
-        start = group.filled
+        start = group.computed
         with self.timed("prefill"):
             logits = group.run(columns)
-        self.fed = len(group.rows) * (group.filled - start)
+        self.fed = group.computed - start
         if group.done:
             self._prefilled(group, logits)
 
@@ -381,7 +381,7 @@ class Scheduler:
             return
         columns = max(1, (self.max_num_batched_tokens - len(rows)) // len(group.rows))
         tokens, masks = self._step_inputs(rows)
-        start = group.filled
+        start = group.computed
         try:
             with self.timed("decode"):
                 logits, prompt_logits = self.batch.step_with_prefill(tokens, group, columns)
@@ -393,7 +393,7 @@ class Scheduler:
             if self.batch.rows:
                 self._decode_step()
             return
-        self.fed = len(group.rows) * (group.filled - start)
+        self.fed = group.computed - start
         self._decoded(rows, logits, masks)
         if group.done:
             self._prefilled(group, prompt_logits)

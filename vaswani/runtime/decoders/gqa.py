@@ -158,6 +158,10 @@ class GqaPrefill:
         return self.ids.numel()
 
     @property
+    def computed(self) -> int:
+        return len(self.rows) * self.filled
+
+    @property
     def done(self) -> bool:
         return self.filled == self.columns
 

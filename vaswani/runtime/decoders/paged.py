@@ -190,9 +190,10 @@ class PagedStepModel:
 
 
 class PagedPrefill:
-    """Prompts prefilled together (the `Prefill` protocol) in the paged graph. The prompts' rests (after any cached
-    prefix) are aligned on their last token, as the left-padded group aligns them, and `run(columns)` feeds each
-    rest's tokens in the next `columns` columns: the scheduler's chunks hold what they held, without the padding."""
+    """Prompts prefilled together (the `Prefill` protocol) in the paged graph. Nothing is padded, so `run(columns)`
+    feeds up to `columns` x rows tokens, the scheduler's share of its token budget: each prompt's rest (after any
+    cached prefix) in order, a prompt finished before the next begins. A prompt's last token's logits are kept until
+    every prompt is in."""
 
     def __init__(
         self,
@@ -209,7 +210,8 @@ class PagedPrefill:
                 state.write(prefix)
             state.reserve(len(prompt))
             self.rests.append(np.asarray(prompt[state.length :], dtype=np.int64))
-        self.filled = 0
+        self.fed = [0] * len(prompts)  # tokens of each rest fed so far
+        self.last_logits: list[np.ndarray | None] = [None] * len(prompts)
 
     @property
     def columns(self) -> int:
@@ -220,29 +222,37 @@ class PagedPrefill:
         return sum(len(rest) for rest in self.rests)
 
     @property
+    def computed(self) -> int:
+        return sum(self.fed)
+
+    @property
     def done(self) -> bool:
-        return self.filled == self.columns
+        return self.computed == self.tokens
 
     def run(self, columns: int) -> np.ndarray:
-        """Feed the next `columns` columns; returns the logits of the rows fed (rows, vocab): every row's last prompt
-        token's in the last chunk, which feeds every row."""
-        states, chunks = self.next_chunk(columns)
-        logits = self.model.infer(states, chunks)
-        self.filled = min(self.filled + columns, self.columns)
-        return logits
+        """Feed up to `columns` x rows tokens; returns every row's last prompt token's logits (rows, vocab) once
+        `done`, else the logits of the rows fed."""
+        rows, chunks = self.next_chunk(columns)
+        return self.fed_chunk(rows, chunks, self.model.infer([self.states[row] for row in rows], chunks))
 
-    def next_chunk(self, columns: int) -> tuple[list[PagedRow], list[np.ndarray]]:
-        """The rows with tokens in the next `columns` columns, and those tokens (`filled` is the caller's to move, by
-        `columns`, once they are fed)."""
-        start, end = self.filled, min(self.filled + columns, self.columns)
-        states, chunks = [], []
-        for state, rest in zip(self.states, self.rests):
-            offset = self.columns - len(rest)  # the row's first column
-            chunk = rest[max(0, start - offset) : max(0, end - offset)]
+    def next_chunk(self, columns: int) -> tuple[list[int], list[np.ndarray]]:
+        """The rows fed next (indices) and their tokens: up to `columns` x rows tokens, in order."""
+        budget, rows, chunks = columns * len(self.rests), [], []
+        for row, (rest, fed) in enumerate(zip(self.rests, self.fed)):
+            chunk = rest[fed : fed + budget]
             if len(chunk):
-                states.append(state)
+                rows.append(row)
                 chunks.append(chunk)
-        return states, chunks
+                budget -= len(chunk)
+        return rows, chunks
+
+    def fed_chunk(self, rows: list[int], chunks: list[np.ndarray], logits: np.ndarray) -> np.ndarray:
+        """Count a chunk `next_chunk` gave as fed, `logits` its rows' last tokens'; returns what `run` returns."""
+        for row, chunk, row_logits in zip(rows, chunks, logits):
+            self.fed[row] += len(chunk)
+            if self.fed[row] == len(self.rests[row]):
+                self.last_logits[row] = row_logits
+        return np.stack(self.last_logits) if self.done else logits
 
     def keep(self, rows: list[int]) -> tuple[list[Any], list[PagedRow]]:
         """The rows listed with their caches, to join a `PagedBatch`; the others' blocks go back to the pool."""
@@ -279,11 +289,10 @@ class PagedBatch:
     def step_with_prefill(self, tokens: np.ndarray, group: PagedPrefill, columns: int) -> tuple[np.ndarray, np.ndarray]:
         """`step(tokens)` and `group.run(columns)` in one call of the graph (the weights read once for both); returns
         both logits: (batch, vocab) and the group's as `run` returns them."""
-        states, chunks = group.next_chunk(columns)
+        rows, chunks = group.next_chunk(columns)
         steps = list(np.asarray(tokens, dtype=np.int64).reshape(-1, 1))
-        logits = self.model.infer(self.states + states, steps + chunks)
-        group.filled = min(group.filled + columns, group.columns)
-        return logits[: len(self.rows)], logits[len(self.rows) :]
+        logits = self.model.infer(self.states + [group.states[row] for row in rows], steps + chunks)
+        return logits[: len(self.rows)], group.fed_chunk(rows, chunks, logits[len(self.rows) :])
 
     def verify(self, fed: list[list[int]]) -> np.ndarray:
         """Feed each row its last token and proposals in one call; the logits of every fed position (rows, longest,

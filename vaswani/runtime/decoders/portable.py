@@ -228,6 +228,10 @@ class PrefillGroup:
         return self.ids.size
 
     @property
+    def computed(self) -> int:
+        return len(self.rows) * self.filled
+
+    @property
     def done(self) -> bool:
         return self.filled == self.ids.shape[1]
 

@@ -15,7 +15,10 @@ class Prefill(Protocol):
     """Prompts prefilled together, apart from the running batch, before they join it."""
 
     rows: list[Any]  # the sequences, in the order of the logits `run` returns (a prefill may reorder them)
-    filled: int  # columns fed so far
+
+    @property
+    def computed(self) -> int:
+        """Tokens computed so far, padding included (the scheduler's step log)."""
 
     @property
     def columns(self) -> int:
@@ -30,8 +33,8 @@ class Prefill(Protocol):
         """Whether every prompt has been fed."""
 
     def run(self, columns: int) -> np.ndarray:
-        """Feed the next `columns` columns of the prompts; returns (rows, vocab) float32 logits, each row's last
-        prompt token's once `done`."""
+        """Feed the next `columns` columns of the prompts (or, where nothing is padded, up to `columns` x rows of
+        their tokens); returns (rows, vocab) float32 logits, each row's last prompt token's once `done`."""
 
     def row_cache(self, row: int, start: int, stop: int) -> list[Any]:
         """Once `done`: a copy of the cache of `rows[row]`'s tokens [start, stop), (kv_heads, stop - start,
