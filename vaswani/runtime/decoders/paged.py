@@ -175,14 +175,13 @@ class PagedStepModel:
         feeds = {
             "input_ids": np.concatenate(tokens).astype(np.int64),
             "position_ids": np.concatenate([np.arange(p, p + c) for p, c in zip(past, counts)]).astype(np.int64),
-            "logits_positions": np.arange(begins[-1]) if every_position else begins[1:] - 1,
+            "logits_positions": (np.arange(begins[-1]) if every_position else begins[1:] - 1).astype(np.int64),
             "past_lens": past,
             "subsequence_begins": begins,
             "block_indices": np.concatenate(blocks).astype(np.int32),
             "block_indices_begins": np.concatenate([[0], np.cumsum([len(b) for b in blocks])]).astype(np.int32),
             "max_context_len": np.array(int((past + counts).max()), dtype=np.int32),
         }
-        feeds["logits_positions"] = feeds["logits_positions"].astype(np.int64)
         self.request.infer(feeds, share_inputs=True)
         for row, count in zip(rows, counts):
             row.length += int(count)
