@@ -235,3 +235,11 @@ def test_kv_cache_dtype_is_refused_where_the_cache_is_not_openvinos(folders):
         OrtModelForCausalLM.from_pretrained(folders["rope"], engine="openvino").decoder_runtime.step_model(
             kv_cache_dtype="int8"
         )
+
+
+def test_an_unknown_kv_cache_dtype_is_refused_before_the_model_loads(tmp_path):
+    """`load_service` names the choices before reading the folder (an empty one here)."""
+    from vaswani.serving import load_service
+
+    with pytest.raises(ValueError, match="kv_cache_dtype='int8' is not supported; use one of"):
+        load_service(tmp_path, engine="openvino", kv_cache_dtype="int8")

@@ -17,6 +17,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from ..constraints import CompiledGrammar, Grammar, compile_grammar, grammar_vocabulary
+from ..runtime.decoders.paged import check_kv_cache_dtype
 from .batches import TorchStepModel, context_length
 from .prefix_cache import DEFAULT_MAX_BYTES as DEFAULT_PREFIX_CACHE_BYTES
 from .prefix_cache import PrefixCache
@@ -213,6 +214,7 @@ def load_service(
     decoding (vLLM's `--speculative-config` JSON or a dict, `speculation.SpeculativeConfig`: prompt lookup or a draft
     model; default off). `kv_cache_dtype` ("auto", "float32", "float16") is the paged cache's under
     `engine="openvino"` ("auto": the compute precision's). The scheduler is not started."""
+    check_kv_cache_dtype(kv_cache_dtype)  # before the model loads
     if backend != "onnx" or engine not in ("openvino", "auto"):  # "auto" is known once the model is loaded
         refuse_kv_cache_dtype(kv_cache_dtype, "PyTorch's" if backend == "torch" else "ONNX Runtime's")
     speculator = speculator_for(speculative_config, provider, threads)

@@ -30,7 +30,7 @@ from ..openvino import (
     route_description,
     unreadable_form_refusal,
 )
-from .paged import KV_CACHE_DTYPES, PagedStepModel
+from .paged import PagedStepModel, check_kv_cache_dtype
 from .portable import Array, OrtStepModel, PortableRuntime, RunningBatch
 
 logger = logging.getLogger(__name__)
@@ -133,11 +133,10 @@ class OpenVinoRuntime(PortableRuntime):
     def step_model(self, kv_cache_dtype: str = "auto") -> "PagedStepModel | OpenVinoStepModel":
         """The paged batch (`paged.PagedStepModel`, its cache in `kv_cache_dtype`: "auto", "float32" or "float16")
         where the graph takes the paged form, else the stateful one."""
+        check_kv_cache_dtype(kv_cache_dtype)  # before the fallback below, which would hide it
         try:
             return PagedStepModel(self.model, self, kv_cache_dtype)
         except (ValueError, RuntimeError) as error:
-            if kv_cache_dtype not in KV_CACHE_DTYPES:
-                raise
             logger.info(
                 "serving with OpenVINO's stateful batch (a copy of the cache at each join and leave): %s", error
             )

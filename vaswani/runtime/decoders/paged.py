@@ -33,6 +33,13 @@ logger = logging.getLogger(__name__)
 KV_CACHE_DTYPES = {"auto": None, "float32": "f32", "float16": "f16"}
 CACHE_ARRAYS = {"f32": np.float32, "f16": np.float16}
 
+
+def check_kv_cache_dtype(kv_cache_dtype: str) -> None:
+    """Raise a ValueError naming the choices for a `kv_cache_dtype` not in `KV_CACHE_DTYPES`."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported; use one of {list(KV_CACHE_DTYPES)}.")
+
+
 # Cache blocks the pool starts with; it doubles when full (one copy of the cache each time).
 FIRST_BLOCKS = 64
 
@@ -128,8 +135,7 @@ class PagedStepModel:
     batch elsewhere, and says why in the log."""
 
     def __init__(self, model: Any, runtime: Any, kv_cache_dtype: str = "auto"):
-        if kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported; use one of {list(KV_CACHE_DTYPES)}.")
+        check_kv_cache_dtype(kv_cache_dtype)
         decoder = runtime.openvino
         self.vocab_size = model.manifest["vocab_size"]
         self.context_length = context_length(model.config)
