@@ -85,9 +85,13 @@ def test_paged_rows_join_leave_share_a_prefix_and_grow_the_pool_as_onnxruntime_c
     choose(["a"], logits)
     batch.join(first, [0])
     decode(3)
-    prefix = batch.row_cache(0, 0, 32)
+    kept = batch.row_cache(0, 0, 32)  # as the prefix cache keeps it: a's first block, held once more
+    assert kept == batch.states[0].blocks[0] and pool.references[kept] == 2
     prompts["b"] = prompts["a"][:32] + prompts["b"]
+    prefix = step.prefix_storage.prefix([kept], 32)
     group = step.prefill_group(["b", "c"], [prompts["b"], prompts["c"]], [prefix, None])
+    del prefix
+    assert group.states[0].blocks[0] == kept  # shared, not copied
     assert group.tokens == 45 + 5  # only the rests are computed
     chunks = []
     while not group.done:
@@ -115,12 +119,73 @@ def test_paged_rows_join_leave_share_a_prefix_and_grow_the_pool_as_onnxruntime_c
         assert answers[name] == expected.argmax(-1).tolist(), name
 
     batch.keep([])
+    assert pool.references[kept] == 1  # a and b have left; the prefix cache's hold remains
+    step.prefix_storage.release(kept)
     dropped = step.prefill_group(["d"], [prompts["a"]])
     dropped.run(8)
     assert len(pool.free) == pool.blocks - math.ceil(len(prompts["a"]) / pool.block_size)
     del dropped
     gc.collect()
     assert len(pool.free) == pool.blocks
+
+
+def test_the_prefix_cache_keeps_the_pools_own_blocks_and_a_prefix_ending_inside_one_copies_it(folders):
+    """The server's prefix cache over the paged batch keeps the pool's blocks themselves: storing a prompt copies
+    nothing, and a later prompt starts from the very blocks. A prompt cached whole (all but its last token) ends
+    inside the last block, which it copies and writes in its own: its logits and greedy tokens are ONNX Runtime's
+    over its whole sequence, and the cached blocks are unchanged. Blocks leave the pool only when no row and not the
+    cache holds them."""
+    from functools import partial
+
+    from vaswani.serving.prefix_cache import PrefixCache
+
+    model = OrtModelForCausalLM.from_pretrained(folders["rope"], engine="openvino", openvino_precision="f32")
+    step = model.decoder_runtime.step_model()
+    pool = step.pool
+    cache = PrefixCache.for_model(step, 1 << 30)
+    assert cache.block_size == pool.block_size == 32
+    prompt = torch.randint(3, 60, (70,), generator=torch.Generator().manual_seed(9)).tolist()
+
+    first = step.prefill_group(["a"], [prompt])
+    first.run(first.columns)
+    assert cache.store(prompt, partial(first.row_cache, 0)) == 2
+    kept = [cache.blocks[key].kept for key, _, _ in cache.keys(prompt)]
+    assert kept == first.states[0].blocks[:2]  # the row's own blocks, not copies
+    before = [array[kept].copy() for array in pool.arrays]
+    first.keep([])  # the row is dropped: the cache's hold keeps its two whole blocks
+    held = {block for block in range(pool.blocks) if pool.references[block]}
+    assert held == set(kept)
+
+    whole = prompt[:64]
+    cached, prefix = cache.lookup(whole)
+    assert cached == 63
+    group = step.prefill_group(["w"], [whole], [prefix])
+    del prefix
+    assert group.tokens == 1 and group.states[0].blocks[0] == kept[0] and group.states[0].blocks[1] != kept[1]
+    logits = [group.run(1)[0]]
+    batch = step.new_batch()
+    batch.join(group, [0])
+    answer = [int(logits[-1].argmax())]
+    for _ in range(5):
+        logits.append(batch.step(np.array(answer[-1:]))[0])
+        answer.append(int(logits[-1].argmax()))
+    expected = whole_sequence_logits(OrtModelForCausalLM.from_pretrained(folders["rope"]), whole, answer)
+    kind, tolerance = TOLERANCES["fp32"]
+    allowed = allowed_difference(kind, tolerance, float(np.abs(expected).max()), model.config.num_hidden_layers)
+    assert float(np.abs(np.stack(logits) - expected).max()) <= allowed
+    assert answer == expected.argmax(-1).tolist()
+    for array, saved in zip(pool.arrays, before):
+        np.testing.assert_array_equal(array[kept], saved)
+
+    batch.keep([])
+    assert {block for block in range(pool.blocks) if pool.references[block]} == set(kept)
+    assert cache.make_room(cache.max_bytes, set())  # evicts every block
+    assert len(pool.free) == pool.blocks and not any(pool.references)
+
+    from vaswani.serving.scheduler import Scheduler
+
+    with pytest.raises(ValueError, match=r"PrefixCache\.for_model\(step_model\)"):
+        Scheduler(step, prefix_cache=PrefixCache(1 << 20))  # a cache of copies cannot start the paged batch's rows
 
 
 def test_paged_verification_and_rollback_continue_as_plain_decoding(folders):

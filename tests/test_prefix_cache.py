@@ -33,7 +33,6 @@ from vaswani.serving.prefix_cache import PrefixCache
 from vaswani.serving.scheduler import Scheduler
 
 RUNTIMES = ["gqa", "portable", "torch", "openvino"]
-BLOCK = 16
 
 
 @pytest.fixture(scope="module")
@@ -140,20 +139,22 @@ def batching_spread(step_model, prompts: list[list[int]]) -> float:
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_prefix_cached_answers_equal_uncached_ones(runtime, step_models, texts):
-    system = texts[0][:53]  # 3 whole blocks and 5 tokens of a fourth
-    shared = [system + ending[:20] for ending in texts[1:4]]
-    inside = texts[0][:37] + texts[5][:10]  # shares 2 whole blocks and 5 tokens of the third
-    first_turn = texts[6][:40]
+    step_model = step_models(runtime)
+    cache = PrefixCache.for_model(step_model, 1 << 30)
+    block = cache.block_size  # 16; OpenVINO's paged batch shares its own blocks of 32
+    system = texts[0][: 3 * block + 5]  # 3 whole blocks and 5 tokens of a fourth
+    shared = [system + ending[: block + 4] for ending in texts[1:4]]
+    inside = texts[0][: 2 * block + 5] + texts[5][:10]  # shares 2 whole blocks and 5 tokens of the third
+    first_turn = texts[6][: 2 * block + 8]
     waves = [
         [shared[0]],  # computes the shared prefix
         shared[1:3],  # both reuse it, at the same time
         [inside],
-        [shared[1][: 4 * BLOCK]],  # cached whole (4 blocks): only its last token is computed
+        [shared[1][: 4 * block]],  # cached whole (4 blocks): only its last token is computed
         [shared[2], texts[8][:50]],  # one group: a long cached prefix with a short rest beside a long new prompt
         [first_turn],
     ]
-    step_model = step_models(runtime)
-    plain_server, cached_server = Server(step_model, None), Server(step_model, PrefixCache(1 << 30))
+    plain_server, cached_server = Server(step_model, None), Server(step_model, cache)
     try:
         plain = [plain_server.wave(wave) for wave in waves]
         cached = [cached_server.wave(wave) for wave in waves]
@@ -169,27 +170,29 @@ def test_prefix_cached_answers_equal_uncached_ones(runtime, step_models, texts):
     spread = batching_spread(step_model, [shared[0], inside, next_turn])
     for cached_wave, plain_wave in zip(cached, plain):
         assert_same_answers(cached_wave, plain_wave, spread)
-    cache = cached_server.cache
     # Hits: the second wave's two prompts (3 blocks each), the one ending inside a block (2), the prompt cached whole
-    # (all but its last token), shared[2] again (4 blocks), and the next turn's first turn and answer (whole blocks of 40 + 8 - 1 fed tokens).
-    expected = 2 * 48 + 32 + (4 * BLOCK - 1) + 4 * BLOCK + (47 // BLOCK) * BLOCK
+    # (all but its last token), shared[2] again (4 blocks), and the next turn's first turn and answer (the whole
+    # blocks of its 2 blocks + 8 + 7 fed tokens: 2).
+    expected = 2 * 3 * block + 2 * block + (4 * block - 1) + 4 * block + 2 * block
     assert cache.hit_tokens == expected
-    assert next_turn_hit == (47 // BLOCK) * BLOCK
+    assert next_turn_hit == 2 * block
     assert cache.queried_tokens == sum(len(p) for wave in waves for p in wave) + len(next_turn)
 
 
-@pytest.mark.parametrize("runtime", ["gqa", "portable"])
+@pytest.mark.parametrize("runtime", ["gqa", "portable", "openvino"])
 def test_eviction_under_a_tiny_budget_serves_nothing_wrong_and_stays_under_it(runtime, step_models, texts):
     step_model = step_models(runtime)
-    probe = PrefixCache(1 << 30)
+    probe = PrefixCache.for_model(step_model, 1 << 30)
+    block = probe.block_size
     server = Server(step_model, probe)
     try:
-        server.wave([texts[0][: BLOCK + 1]], max_tokens=1)
+        server.wave([texts[0][: block + 1]], max_tokens=1)
     finally:
         server.stop()
     block_bytes = probe.bytes  # one block's keys and values
-    prompts = [texts[i % 2][: 33 + i] for i in range(8)]  # two texts in turn, 2 blocks each: 4 wanted, 3 kept
-    plain_server, cached_server = Server(step_model, None), Server(step_model, PrefixCache(3 * block_bytes))
+    prompts = [texts[i % 2][: 2 * block + 1 + i] for i in range(8)]  # two texts in turn, 2 blocks each: 4 wanted
+    cache = PrefixCache.for_model(step_model, 3 * block_bytes)  # 3 kept
+    plain_server, cached_server = Server(step_model, None), Server(step_model, cache)
     try:
         plain = [plain_server.wave([prompt]) for prompt in prompts]
         cached = [cached_server.wave([prompt]) for prompt in prompts]
@@ -199,7 +202,6 @@ def test_eviction_under_a_tiny_budget_serves_nothing_wrong_and_stays_under_it(ru
     spread = batching_spread(step_model, prompts[:3])
     for cached_wave, plain_wave in zip(cached, plain):
         assert_same_answers(cached_wave, plain_wave, spread)
-    cache = cached_server.cache
     assert cached_server.max_bytes_seen <= 3 * block_bytes and cache.bytes <= 3 * block_bytes
     assert cache.evicted_blocks > 0 and cache.hit_tokens > 0
 
@@ -287,7 +289,8 @@ def test_usage_reports_the_prompt_tokens_the_cache_supplied(folders, tokenizer):
     every full block but the one holding the last prompt token (which is always computed, for its logits); 0 with the
     cache off."""
     ids = tokenizer(corpus_stories()[210][:400])["input_ids"][:70]
-    reused = BLOCK * ((len(ids) - 1) // BLOCK)  # the block arithmetic: 64 of 70 tokens
+    block = 16  # the GroupQueryAttention batch's prefix blocks (copies, of the default size)
+    reused = block * ((len(ids) - 1) // block)  # the block arithmetic: 64 of 70 tokens
     assert reused == 64
 
     def cached_tokens(http, **extra) -> int:

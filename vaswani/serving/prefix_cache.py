@@ -3,9 +3,11 @@
 them.
 
 A sequence's tokens are cut into blocks of `block_size`; a full block is keyed by its tokens and its parent's key (so
-a key names the whole prefix up to the block's end), and holds that block's slice of every cache tensor, (kv_heads,
-block_size, head_dim) each, copied out of the runtime's batch. A prompt's lookup walks its blocks from the start and
-stops at the first one missing; the prefix found is handed to the runtime's prefill (`StepModel.prefill_group`'s
+a key names the whole prefix up to the block's end), and holds that block's keys and values as the runtime gives
+them (`row_cache`): by default a copy of its slice of every cache tensor, (kv_heads, block_size, head_dim) each
+(`CopiedBlocks`); a step model that keeps its cache in blocks of its own shares them instead (its `prefix_storage`:
+the paged batch's `SharedBlocks`, which copy nothing). A prompt's lookup walks its blocks from the start and stops
+at the first one missing; the prefix found is handed to the runtime's prefill (`StepModel.prefill_group`'s
 `prefixes`), which computes only the rest. At least one prompt token is always computed: its logits choose the first
 token. Blocks are stored when a prompt's prefill ends (so requests arriving while it decodes reuse it) and when a
 sequence leaves (its answer too: the next turn of a chat resends it).
@@ -17,7 +19,7 @@ would strand its children, which no lookup can reach without it.
 A block's tokens and its parent's key are stored with it and compared on lookup: a hash collision is a miss, never
 another prompt's keys.
 
-    >>> cache = PrefixCache(max_bytes=1 << 30)
+    >>> cache = PrefixCache.for_model(step_model, max_bytes=1 << 30)
     >>> cached, prefix = cache.lookup(prompt)                 # tokens reused, and their cache arrays
     >>> group = step_model.prefill_group(rows, prompts, [prefix])
     >>> cache.store(prompt, lambda start, stop: group.row_cache(0, start, stop))
@@ -41,11 +43,31 @@ BLOCK_SIZE = 16
 DEFAULT_MAX_BYTES = 1 << 30
 
 
+class CopiedBlocks:
+    """How the prefix cache keeps a block by default: a copy of its slice of each cache tensor, (kv_heads,
+    block_size, head_dim) each, as the runtime's `row_cache` reads it out; a prefix is their concatenation.
+
+    A step model may keep them its own way (its `prefix_storage`), with the same members: `block_size`, `nbytes(kept)`,
+    `prefix(kept_blocks, tokens)` (what `prefill_group` takes) and `release(kept)` (the cache lets go of a block)."""
+
+    def __init__(self, block_size: int = BLOCK_SIZE):
+        self.block_size = block_size
+
+    def nbytes(self, arrays: list[Array]) -> int:
+        return sum(int(array.nbytes) for array in arrays)
+
+    def prefix(self, blocks: list[list[Array]], tokens: int) -> list[Array]:
+        return [concat([block[t] for block in blocks], axis=1)[:, :tokens] for t in range(len(blocks[0]))]
+
+    def release(self, arrays: list[Array]) -> None:
+        pass
+
+
 @dataclass
 class Block:
     parent: int  # the key of the block before it (0 for the first): checked on lookup with the tokens
     tokens: tuple[int, ...]
-    arrays: list[Array]  # (kv_heads, block_size, head_dim) per cache tensor
+    kept: Any  # the block's keys and values as the cache's `storage` keeps them
     nbytes: int
 
 
@@ -54,17 +76,25 @@ class PrefixCache:
 
     Args:
         max_bytes: the budget; the least recently used blocks are evicted past it (0 stores nothing).
-        block_size: tokens per block.
+        block_size: tokens per block (where `blocks` is not given).
+        storage: how blocks are kept (`CopiedBlocks` by default; `for_model` takes the step model's own).
     """
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, block_size: int = BLOCK_SIZE):
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, block_size: int = BLOCK_SIZE, storage: Any = None):
         if max_bytes < 0 or block_size < 1:
             raise ValueError("The prefix cache needs max_bytes >= 0 and block_size >= 1.")
-        self.max_bytes, self.block_size = max_bytes, block_size
+        self.storage = storage if storage is not None else CopiedBlocks(block_size)
+        self.max_bytes, self.block_size = max_bytes, self.storage.block_size
         self.blocks: OrderedDict[int, Block] = OrderedDict()  # oldest first
         self.bytes = 0
         # Token counts for /metrics: looked up, found (the hit rate is their ratio), and blocks evicted so far.
         self.queried_tokens = self.hit_tokens = self.evicted_blocks = 0
+
+    @classmethod
+    def for_model(cls, model: Any, max_bytes: int = DEFAULT_MAX_BYTES) -> "PrefixCache":
+        """A prefix cache for `model`'s batches: sharing its blocks where it keeps its cache in blocks of its own
+        (`prefix_storage`: the paged batch of `engine="openvino"`), else copying them."""
+        return cls(max_bytes, storage=getattr(model, "prefix_storage", None))
 
     def keys(self, tokens: Sequence[int]) -> list[tuple[int, int, tuple[int, ...]]]:
         """The key, parent key and tokens of each full block of `tokens`, in order."""
@@ -78,7 +108,8 @@ class PrefixCache:
 
     def lookup(self, prompt: Sequence[int]) -> tuple[int, list[Array] | None]:
         """The longest cached prefix of `prompt` that leaves at least its last token to compute: how many tokens, and
-        their cache, (kv_heads, tokens, head_dim) per cache tensor (None when nothing is cached)."""
+        their cache as `prefill_group` takes it (by default (kv_heads, tokens, head_dim) per cache tensor; None when
+        nothing is cached)."""
         found: list[tuple[int, Block]] = []
         for key, parent, tokens in self.keys(prompt):
             block = self.blocks.get(key)
@@ -92,9 +123,7 @@ class PrefixCache:
         self.hit_tokens += cached
         if cached <= 0:
             return 0, None
-        tensors = len(found[0][1].arrays)
-        arrays = [concat([block.arrays[t] for _, block in found], axis=1)[:, :cached] for t in range(tensors)]
-        return cached, arrays
+        return cached, self.storage.prefix([block.kept for _, block in found], cached)
 
     def holds(self, tokens: Sequence[int]) -> bool:
         """Whether the block that ends `tokens` (a multiple of `block_size` long) is cached, without touching it."""
@@ -106,8 +135,9 @@ class PrefixCache:
         return block is not None and block.parent == parent and block.tokens == block_tokens
 
     def store(self, tokens: Sequence[int], read: Callable[[int, int], list[Array]]) -> int:
-        """Keep the full blocks of `tokens` not cached yet; `read(start, stop)` copies the cache of tokens
-        [start, stop) out of the runtime ((kv_heads, stop - start, head_dim) per cache tensor). Room is made by
+        """Keep the full blocks of `tokens` not cached yet; `read(start, stop)` gives the cache of tokens
+        [start, stop) as the cache keeps it (the runtime's `row_cache`: by default a copy, (kv_heads, stop - start,
+        head_dim) per cache tensor). Room is made by
         evicting other prefixes' blocks, least recently used first; where that is not enough, the deepest blocks of
         `tokens` are not kept (a prefix is only reachable through its first blocks). Returns the blocks added."""
         if self.max_bytes == 0:
@@ -119,11 +149,12 @@ class PrefixCache:
             if key in self.blocks:  # this prefix's, or a colliding one's, which is kept: its tokens tell them apart
                 continue
             start = index * self.block_size
-            arrays = read(start, start + self.block_size)
-            nbytes = sum(int(array.nbytes) for array in arrays)
+            kept = read(start, start + self.block_size)
+            nbytes = self.storage.nbytes(kept)
             if not self.make_room(nbytes, own):
+                self.storage.release(kept)
                 break
-            self.blocks[key] = Block(parent, block_tokens, arrays, nbytes)
+            self.blocks[key] = Block(parent, block_tokens, kept, nbytes)
             self.bytes += nbytes
             added += 1
         for key, _, _ in reversed(chain):  # the last block first: parents stay younger than their children
@@ -137,7 +168,9 @@ class PrefixCache:
             oldest = next((key for key in self.blocks if key not in keep), None)
             if oldest is None:
                 return False
-            self.bytes -= self.blocks.pop(oldest).nbytes
+            block = self.blocks.pop(oldest)
+            self.storage.release(block.kept)
+            self.bytes -= block.nbytes
             self.evicted_blocks += 1
         return True
 

@@ -24,7 +24,8 @@ row whose choice fails ends alone, with an error event, and the others go on.
 Each new token is handed to the sequence's `emit` callback on the scheduler thread; the server's callback moves it to
 its asyncio loop. ONNX Runtime releases the GIL while a step runs, so the event loop serves HTTP meanwhile.
 
-    >>> scheduler = Scheduler(model.decoder_runtime.step_model(), max_batch=16, prefix_cache=PrefixCache())
+    >>> step_model = model.decoder_runtime.step_model()
+    >>> scheduler = Scheduler(step_model, max_batch=16, prefix_cache=PrefixCache.for_model(step_model))
     >>> scheduler.start()
     >>> scheduler.submit(prompt_ids, SamplingParams(max_tokens=64, temperature=0.0), emit=print)
 """
@@ -132,6 +133,12 @@ class Scheduler:
             raise ValueError(
                 f"max_num_batched_tokens ({max_num_batched_tokens}) must be at least max_batch ({max_batch}): a "
                 "decoding step of a full batch computes one token per sequence."
+            )
+        own_storage = getattr(model, "prefix_storage", None)
+        if prefix_cache is not None and own_storage is not None and prefix_cache.storage is not own_storage:
+            raise ValueError(
+                "This step model shares its own cache blocks with the prefix cache; make the cache with "
+                "PrefixCache.for_model(step_model)."
             )
         self.model = model
         self.max_batch, self.max_waiting = max_batch, max_waiting

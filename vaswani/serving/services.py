@@ -253,7 +253,7 @@ def load_service(
             max_batch,
             max_waiting,
             max_num_batched_tokens,
-            prefix_cache(prefix_cache_bytes),
+            prefix_cache(prefix_cache_bytes, step_model),
             speculator=speculator,
         )
         return GenerationService(
@@ -268,10 +268,9 @@ def load_service(
         if provider == "cuda":
             model = model.to("cuda")
         check_draft(speculator, model.config.vocab_size)
-        cache = prefix_cache(prefix_cache_bytes)
-        scheduler = Scheduler(
-            TorchStepModel(model), max_batch, max_waiting, max_num_batched_tokens, cache, speculator=speculator
-        )
+        step_model = TorchStepModel(model)
+        cache = prefix_cache(prefix_cache_bytes, step_model)
+        scheduler = Scheduler(step_model, max_batch, max_waiting, max_num_batched_tokens, cache, speculator=speculator)
         return GenerationService(
             name, tokenizer, scheduler, eos_ids(model.generation_config, tokenizer), tool_call_parser
         )
@@ -295,15 +294,16 @@ def refuse_kv_cache_dtype(kv_cache_dtype: str, whose: str) -> None:
         )
 
 
-def prefix_cache(max_bytes: int) -> PrefixCache | None:
-    """The server's prefix cache of `max_bytes` (None for 0: caching off), logged either way."""
+def prefix_cache(max_bytes: int, step_model: Any) -> PrefixCache | None:
+    """The server's prefix cache of `max_bytes` for `step_model`'s batches (None for 0: caching off), logged either
+    way."""
     if max_bytes < 0:
         raise ValueError(f"The prefix cache's size must be 0 (off) or more bytes, not {max_bytes}.")
     if max_bytes == 0:
         log.info("prefix caching is off (--prefix-cache-bytes 0)")
         return None
     log.info("prefix caching keeps up to %.0f MiB of prompt prefixes' keys and values", max_bytes / (1 << 20))
-    return PrefixCache(max_bytes)
+    return PrefixCache.for_model(step_model, max_bytes)
 
 
 def resolve_folder(folder: str | os.PathLike) -> Path:

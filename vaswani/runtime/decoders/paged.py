@@ -5,7 +5,8 @@ The portable graph is compiled in its paged form (`openvino.make_paged`): the to
 in one flat row, and each sequence's keys and values live in fixed-size blocks of shared cache tensors
 (`BlockPool`), which OpenVINO's paged-attention kernel reads and appends to in place. So rows of any lengths
 prefill and decode side by side without padding, a row joins or leaves the running batch without a copy of anyone's
-cache, and a prompt whose first tokens the server's prefix cache holds starts from them written into its blocks.
+cache, and the server's prefix cache keeps blocks of the pool itself (`SharedBlocks`): a prompt whose first tokens
+it holds starts from those very blocks, shared by reference.
 The stateful batch it replaces (`openvino.OpenVinoBatch`, still used for graphs the paged form cannot take: ALiBi)
 read the whole batch's cache out of OpenVINO and wrote it back at every join and leave.
 
@@ -54,6 +55,8 @@ class BlockPool:
         self.heads, self.block_size, self.head_dim = (shape[axis].get_length() for axis in (1, 2, 3))
         self.arrays: list[np.ndarray] = []
         self.free: list[int] = []
+        # Holders of each block: the rows whose cache it is and the prefix cache (`SharedBlocks`); free at 0.
+        self.references: list[int] = []
         self.grow(FIRST_BLOCKS)
 
     @property
@@ -77,17 +80,33 @@ class BlockPool:
             self.request.set_tensor(name, openvino.Tensor(array, shared_memory=True))
             arrays.append(array)
         self.arrays = arrays
+        self.references.extend([0] * (blocks - old))
         self.free.extend(range(blocks - 1, old - 1, -1))  # popped from the end: the lowest first
         if old:
             logger.info("paged KV cache grown to %d blocks (%.0f MiB)", blocks, blocks * self.bytes_per_block / 2**20)
 
     def allocate(self, count: int) -> list[int]:
+        """`count` free blocks, held once each."""
         if count > len(self.free):
             self.grow(max(2 * self.blocks, self.blocks + count - len(self.free)))
-        return [self.free.pop() for _ in range(count)]
+        blocks = [self.free.pop() for _ in range(count)]
+        for block in blocks:
+            self.references[block] = 1
+        return blocks
+
+    def share(self, block: int) -> int:
+        """Hold `block` once more (a row starting from it, the prefix cache keeping it); returns it."""
+        if self.references[block] < 1:
+            raise ValueError(f"block {block} is free; only a held block can be shared.")
+        self.references[block] += 1
+        return block
 
     def release(self, blocks: list[int]) -> None:
-        self.free.extend(blocks)
+        """Let go of `blocks` once each (and empty the list); a block no one holds any more is free."""
+        for block in blocks:
+            self.references[block] -= 1
+            if self.references[block] == 0:
+                self.free.append(block)
         blocks.clear()
 
 
@@ -105,28 +124,59 @@ class PagedRow:
         if missing > 0:
             self.blocks.extend(self.pool.allocate(missing))
 
-    def write(self, prefix: list[np.ndarray]) -> None:
-        """Start the row with a given cache, (kv_heads, tokens, head_dim) per cache tensor."""
-        tokens, size = prefix[0].shape[1], self.pool.block_size
-        self.reserve(tokens)
-        for array, given in zip(self.pool.arrays, prefix):
-            for index, block in enumerate(self.blocks[: math.ceil(tokens / size)]):
-                part = given[:, index * size : (index + 1) * size]
-                array[block, :, : part.shape[1]] = part
-        self.length = tokens
-
-    def read(self, start: int, stop: int) -> list[np.ndarray]:
-        """A copy of the cache of tokens [start, stop), (kv_heads, stop - start, head_dim) per cache tensor."""
-        if stop > self.length:
-            raise ValueError(f"the row holds {self.length} tokens, not {stop}.")
+    def adopt(self, prefix: "SharedPrefix") -> None:
+        """Start the row with a cached prefix: its whole blocks shared, not copied. A block the prefix ends inside is
+        copied into one of the row's own, which the row goes on writing."""
         size = self.pool.block_size
-        first, blocks = start // size, self.blocks[start // size : math.ceil(stop / size)]
-        offset = start - first * size
-        result = []
-        for array in self.pool.arrays:
-            held = array[blocks].transpose(1, 0, 2, 3).reshape(self.pool.heads, -1, self.pool.head_dim)
-            result.append(np.ascontiguousarray(held[:, offset : offset + stop - start]))
-        return result
+        whole = prefix.tokens // size
+        self.blocks.extend(self.pool.share(block) for block in prefix.blocks[:whole])
+        if prefix.tokens % size:
+            (own,) = self.pool.allocate(1)
+            for array in self.pool.arrays:
+                array[own] = array[prefix.blocks[whole]]
+            self.blocks.append(own)
+        self.length = prefix.tokens
+
+    def share(self, start: int, stop: int) -> int:
+        """The block holding tokens [start, stop), a whole block of the row's, held once more for the prefix
+        cache."""
+        size = self.pool.block_size
+        if start % size or stop - start != size or stop > self.length:
+            raise ValueError(
+                f"the row shares whole blocks of {size} tokens it holds ({self.length}), not tokens [{start}, {stop})."
+            )
+        return self.pool.share(self.blocks[start // size])
+
+
+class SharedPrefix:
+    """A cached prefix of `tokens` tokens in the pool's blocks (the first `ceil(tokens / block_size)` of `blocks`),
+    held while this object lives: what `SharedBlocks.prefix` gives a prompt's prefill to adopt."""
+
+    def __init__(self, pool: BlockPool, blocks: list[int], tokens: int):
+        self.blocks = [pool.share(block) for block in blocks[: math.ceil(tokens / pool.block_size)]]
+        self.tokens = tokens
+        weakref.finalize(self, pool.release, list(self.blocks))
+
+
+class SharedBlocks:
+    """How the server's prefix cache keeps the paged batch's blocks (its `storage`, see `serving/prefix_cache.py`):
+    by reference, not by copy. A block the cache keeps is one of the pool's, held by the cache as by each row
+    starting from it, free once none holds it; so storing a prompt's blocks and starting a later prompt from them
+    copy nothing (but the block a prefix ends inside), and the cache's bytes are pool blocks. Blocks are the
+    pool's size (32 tokens for OpenVINO's CPU kernel)."""
+
+    def __init__(self, pool: BlockPool):
+        self.pool = pool
+        self.block_size = pool.block_size
+
+    def nbytes(self, block: int) -> int:
+        return self.pool.bytes_per_block
+
+    def prefix(self, blocks: list[int], tokens: int) -> SharedPrefix:
+        return SharedPrefix(self.pool, blocks, tokens)
+
+    def release(self, block: int) -> None:
+        self.pool.release([block])
 
 
 class PagedStepModel:
@@ -153,13 +203,14 @@ class PagedStepModel:
         self.request = self.compiled.create_infer_request()
         names = [port.get_any_name() for port in self.compiled.inputs if "_cache." in port.get_any_name()]
         self.pool = BlockPool(self.compiled, self.request, names, CACHE_ARRAYS[cache_type])
+        self.prefix_storage = SharedBlocks(self.pool)
         self.logits_port = self.compiled.output("logits")
 
     def new_batch(self) -> "PagedBatch":
         return PagedBatch(self)
 
     def prefill_group(
-        self, rows: list[Any], prompts: list[list[int]], prefixes: list[list[np.ndarray] | None] | None = None
+        self, rows: list[Any], prompts: list[list[int]], prefixes: list[SharedPrefix | None] | None = None
     ) -> "PagedPrefill":
         return PagedPrefill(self, rows, prompts, prefixes)
 
@@ -205,14 +256,14 @@ class PagedPrefill:
         model: PagedStepModel,
         rows: list[Any],
         prompts: list[list[int]],
-        prefixes: list[list[np.ndarray] | None] | None = None,
+        prefixes: list[SharedPrefix | None] | None = None,
     ):
         self.model, self.rows = model, rows
         self.states = [model.new_row() for _ in prompts]
         self.rests = []
         for state, prompt, prefix in zip(self.states, prompts, prefixes or [None] * len(prompts)):
             if prefix is not None:
-                state.write(prefix)
+                state.adopt(prefix)
             state.reserve(len(prompt))
             self.rests.append(np.asarray(prompt[state.length :], dtype=np.int64))
         self.fed = [0] * len(prompts)  # tokens of each rest fed so far
@@ -266,8 +317,8 @@ class PagedPrefill:
                 state.release()
         return [self.rows[i] for i in rows], [self.states[i] for i in rows]
 
-    def row_cache(self, row: int, start: int, stop: int) -> list[np.ndarray]:
-        return self.states[row].read(start, stop)
+    def row_cache(self, row: int, start: int, stop: int) -> int:
+        return self.states[row].share(start, stop)
 
 
 class PagedBatch:
@@ -323,5 +374,5 @@ class PagedBatch:
         self.rows = [self.rows[i] for i in rows]
         self.states = [self.states[i] for i in rows]
 
-    def row_cache(self, row: int, start: int, stop: int) -> list[np.ndarray]:
-        return self.states[row].read(start, stop)
+    def row_cache(self, row: int, start: int, stop: int) -> int:
+        return self.states[row].share(start, stop)

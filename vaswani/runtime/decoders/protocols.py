@@ -36,9 +36,10 @@ class Prefill(Protocol):
         """Feed the next `columns` columns of the prompts (or, where nothing is padded, up to `columns` x rows of
         their tokens); returns (rows, vocab) float32 logits, each row's last prompt token's once `done`."""
 
-    def row_cache(self, row: int, start: int, stop: int) -> list[Any]:
-        """Once `done`: a copy of the cache of `rows[row]`'s tokens [start, stop), (kv_heads, stop - start,
-        head_dim) per cache tensor (what the server's prefix cache keeps, and gives back as a prefix)."""
+    def row_cache(self, row: int, start: int, stop: int) -> Any:
+        """Once `done`: the cache of `rows[row]`'s tokens [start, stop) as the server's prefix cache keeps it: a copy,
+        (kv_heads, stop - start, head_dim) per cache tensor, or, for a step model with `prefix_storage`, what it
+        keeps (the paged batch: the block itself, held once more)."""
 
 
 class Batch(Protocol):
@@ -57,8 +58,8 @@ class Batch(Protocol):
     def keep(self, rows: list[int]) -> None:
         """Keep only the rows listed (indices into `rows`); `rows` then lists the kept sequences, in any order."""
 
-    def row_cache(self, row: int, start: int, stop: int) -> list[Any]:
-        """A copy of the cache of `rows[row]`'s tokens [start, stop), as `Prefill.row_cache`."""
+    def row_cache(self, row: int, start: int, stop: int) -> Any:
+        """The cache of `rows[row]`'s tokens [start, stop), as `Prefill.row_cache`."""
 
 
 @dataclass(frozen=True)
@@ -78,14 +79,16 @@ class StepModel(Protocol):
     vocab_size: int
     context_length: int  # the longest sequence (prompt and answer) a row may reach
     description: str  # what runs where, for the server's startup line ("" where there is nothing to add)
+    # Optional: how the server's prefix cache keeps this model's blocks where the model shares its own (the paged
+    # batch's `SharedBlocks`; `PrefixCache.for_model` reads it). Absent: the prefix cache keeps copies.
 
     def new_batch(self) -> Batch:
         """An empty running batch of this runtime's kind."""
 
     def prefill_group(self, rows: list[Any], prompts: list[list[int]], prefixes: list[Any] | None = None) -> Prefill:
         """Prompts to prefill together before they join the batch. `prefixes[i]`, where not None, is the cache of
-        prompt i's first tokens ((kv_heads, cached, head_dim) per cache tensor, from `row_cache`): only the rest of
-        that prompt is computed."""
+        prompt i's first tokens as the prefix cache's `lookup` gives it ((kv_heads, cached, head_dim) per cache
+        tensor, or a `prefix_storage` prefix): only the rest of that prompt is computed."""
 
 
 class DecoderRuntime(Protocol):
