@@ -134,6 +134,26 @@ def test_engine_auto_says_why_it_keeps_onnx_runtime(manifest, provider, reason, 
     assert record.levelno == logging.INFO and reason in record.getMessage()
 
 
+@pytest.mark.parametrize("openvino_faster_here", [True, False])
+def test_engine_auto_on_a_gqa_export_names_the_portable_export_where_openvino_would_run_it(
+    openvino_faster_here, caplog, monkeypatch
+):
+    """A quantized export in the GroupQueryAttention form stays on ONNX Runtime; where this CPU would run the portable
+    form in OpenVINO (bf16, or int8 dot products for a quantized export: both faked here, so any CPU tests both
+    ways), the log line names the export flag that gets it, and elsewhere it suggests nothing."""
+    pytest.importorskip("openvino")
+    from vaswani.runtime.decoders import openvino as openvino_decoder
+
+    monkeypatch.setattr(openvino_decoder, "openvino_precision", lambda requested: "f32")
+    monkeypatch.setattr(openvino_decoder, "cpu_has_int8_dot_products", lambda: openvino_faster_here)
+    manifest = {"task": "text-generation", "attention_form": "gqa", "quantization": {"scheme": "int8"}}
+    caplog.set_level(logging.INFO, logger=ENGINE_LOGGER)
+    assert chosen_engine("auto", manifest, "CPUExecutionProvider") == "onnxruntime"
+    [record] = records_of(caplog, ENGINE_LOGGER)
+    assert "GroupQueryAttention form" in record.getMessage()
+    assert ("vaswani export --attention portable" in record.getMessage()) == openvino_faster_here
+
+
 def test_an_engine_named_outright_is_no_choice_and_logs_nothing(caplog):
     caplog.set_level(logging.INFO, logger=ENGINE_LOGGER)
     assert chosen_engine("onnxruntime", PORTABLE_DECODER, "CPUExecutionProvider") == "onnxruntime"

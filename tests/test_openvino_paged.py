@@ -58,6 +58,7 @@ def test_paged_rows_join_leave_share_a_prefix_and_grow_the_pool_as_onnxruntime_c
     than a block; the first leaves; the rest decode past the pool's first size, which doubles twice. Every row's
     logits equal ONNX Runtime's over that row's whole sequence (fp32 rule), greedy tokens included; every block the
     rows held is free once they leave, and a prefill dropped before joining gives its blocks back."""
+    monkeypatch.setattr(paged, "FIRST_POOL_BYTES", 0)
     monkeypatch.setattr(paged, "FIRST_BLOCKS", 2)
     model = OrtModelForCausalLM.from_pretrained(folders[positions], engine="openvino", openvino_precision="f32")
     step = model.decoder_runtime.step_model()

@@ -69,8 +69,24 @@ class OpenVinoRuntime(PortableRuntime):
         if provider != CPU:
             return f"it runs on {provider} (OpenVINO runs on the CPU)"
         if is_gqa_form(manifest):
-            return "the export is in the GroupQueryAttention form, which only ONNX Runtime runs"
-        if openvino_precision("auto") == "bf16":  # raises ImportError without OpenVINO
+            reason = "the export is in the GroupQueryAttention form, which only ONNX Runtime runs"
+            try:
+                slower_here = cls.cpu_refusal(manifest)
+            except ImportError:  # no OpenVINO: nothing to suggest
+                return reason
+            if slower_here is not None:
+                return reason
+            return (
+                f"{reason}. On this CPU OpenVINO would run its portable form, measured faster in served batches "
+                f"(docs/serving.md): export with `vaswani export --attention portable` for it"
+            )
+        return cls.cpu_refusal(manifest)
+
+    @staticmethod
+    def cpu_refusal(manifest: dict) -> str | None:
+        """Why OpenVINO measured slower than ONNX Runtime for a portable export like `manifest`'s on this CPU (None:
+        it measured faster); raises ImportError without OpenVINO."""
+        if openvino_precision("auto") == "bf16":
             return None
         # Without bf16 OpenVINO computes in f32, slower than ONNX Runtime on an AVX2-only CPU
         # (docs/results/openvino_route_135m_avx2.md); with VNNI its int8 products run a quantized export's weights
