@@ -76,7 +76,7 @@ class PrefixCache:
 
     Args:
         max_bytes: the budget; the least recently used blocks are evicted past it (0 stores nothing).
-        block_size: tokens per block (where `blocks` is not given).
+        block_size: tokens per block (where `storage` is not given).
         storage: how blocks are kept (`CopiedBlocks` by default; `for_model` takes the step model's own).
     """
 
@@ -106,7 +106,7 @@ class PrefixCache:
             parent = key
         return keys
 
-    def lookup(self, prompt: Sequence[int]) -> tuple[int, list[Array] | None]:
+    def lookup(self, prompt: Sequence[int]) -> tuple[int, Any]:
         """The longest cached prefix of `prompt` that leaves at least its last token to compute: how many tokens, and
         their cache as `prefill_group` takes it (by default (kv_heads, tokens, head_dim) per cache tensor; None when
         nothing is cached)."""
@@ -134,12 +134,12 @@ class PrefixCache:
         block = self.blocks.get(key)
         return block is not None and block.parent == parent and block.tokens == block_tokens
 
-    def store(self, tokens: Sequence[int], read: Callable[[int, int], list[Array]]) -> int:
+    def store(self, tokens: Sequence[int], read: Callable[[int, int], Any]) -> int:
         """Keep the full blocks of `tokens` not cached yet; `read(start, stop)` gives the cache of tokens
         [start, stop) as the cache keeps it (the runtime's `row_cache`: by default a copy, (kv_heads, stop - start,
-        head_dim) per cache tensor). Room is made by
-        evicting other prefixes' blocks, least recently used first; where that is not enough, the deepest blocks of
-        `tokens` are not kept (a prefix is only reachable through its first blocks). Returns the blocks added."""
+        head_dim) per cache tensor). Room is made by evicting other prefixes' blocks, least recently used first;
+        where that is not enough, the deepest blocks of `tokens` are not kept (a prefix is only reachable through
+        its first blocks). Returns the blocks added."""
         if self.max_bytes == 0:
             return 0
         chain = self.keys(tokens)
