@@ -49,6 +49,19 @@ def whole_sequence_logits(model: OrtModelForCausalLM, prompt: list[int], answer:
     return logits[len(prompt) - 1 :]
 
 
+def greedy_answer(step, group, steps: int) -> tuple[object, list[np.ndarray], list[int]]:
+    """A one-row prefill's last logits and `steps` greedy decoding steps after it in a new batch: the batch, the
+    logits of each step and the tokens chosen."""
+    logits = [group.run(group.columns)[0]]
+    batch = step.new_batch()
+    batch.join(group, [0])
+    answer = [int(logits[-1].argmax())]
+    for _ in range(steps):
+        logits.append(batch.step(np.array(answer[-1:]))[0])
+        answer.append(int(logits[-1].argmax()))
+    return batch, logits, answer
+
+
 @pytest.mark.parametrize("positions", ["rope", "learned"])
 def test_paged_rows_join_leave_share_a_prefix_and_grow_the_pool_as_onnxruntime_computes(
     positions, folders, monkeypatch
@@ -163,13 +176,7 @@ def test_the_prefix_cache_keeps_the_pools_own_blocks_and_a_prefix_ending_inside_
     group = step.prefill_group(["w"], [whole], [prefix])
     del prefix
     assert group.tokens == 1 and group.states[0].blocks[0] == kept[0] and group.states[0].blocks[1] != kept[1]
-    logits = [group.run(1)[0]]
-    batch = step.new_batch()
-    batch.join(group, [0])
-    answer = [int(logits[-1].argmax())]
-    for _ in range(5):
-        logits.append(batch.step(np.array(answer[-1:]))[0])
-        answer.append(int(logits[-1].argmax()))
+    batch, logits, answer = greedy_answer(step, group, 5)
     expected = whole_sequence_logits(OrtModelForCausalLM.from_pretrained(folders["rope"]), whole, answer)
     kind, tolerance = TOLERANCES["fp32"]
     allowed = allowed_difference(kind, tolerance, float(np.abs(expected).max()), model.config.num_hidden_layers)
@@ -278,13 +285,7 @@ def test_a_float16_cache_halves_the_pool_and_keeps_onnxruntimes_tokens(folders):
     assert 2 * half.pool.bytes_per_block == full.pool.bytes_per_block
     prompt = torch.randint(3, 60, (50,), generator=torch.Generator().manual_seed(8)).tolist()
     group = half.prefill_group(["x"], [prompt])
-    logits = [group.run(group.columns)[0]]
-    batch = half.new_batch()
-    batch.join(group, [0])
-    answer = [int(logits[-1].argmax())]
-    for _ in range(20):
-        logits.append(batch.step(np.array(answer[-1:]))[0])
-        answer.append(int(logits[-1].argmax()))
+    _, logits, answer = greedy_answer(half, group, 20)
     expected = whole_sequence_logits(OrtModelForCausalLM.from_pretrained(folders["rope"]), prompt, answer)
     assert answer == expected.argmax(-1).tolist()
     kind, tolerance = TOLERANCES["fp16"]

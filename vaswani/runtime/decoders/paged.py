@@ -179,7 +179,10 @@ class SharedBlocks:
 
     def __init__(self, pool: BlockPool):
         self.pool = pool
-        self.block_size = pool.block_size
+
+    @property
+    def block_size(self) -> int:
+        return self.pool.block_size
 
     def nbytes(self, block: int) -> int:
         return self.pool.bytes_per_block
