@@ -145,15 +145,18 @@ def test_paged_rows_join_leave_share_a_prefix_and_grow_the_pool_as_onnxruntime_c
 
 def test_the_prefix_cache_keeps_the_pools_own_blocks_and_a_prefix_ending_inside_one_copies_it(folders):
     """The server's prefix cache over the paged batch keeps the pool's blocks themselves: storing a prompt copies
-    nothing, and a later prompt starts from the very blocks. A prompt cached whole (all but its last token) ends
-    inside the last block, which it copies and writes in its own: its logits and greedy tokens are ONNX Runtime's
-    over its whole sequence, and the cached blocks are unchanged. Blocks leave the pool only when no row and not the
-    cache holds them."""
+    nothing (its partial last block included), and a later prompt starts from the very blocks. A prompt cached whole
+    (all but its last token) ends inside a whole block, and a prompt that goes on past the cached one's partial last
+    block ends inside that one: each copies the block it ends inside and writes in its own. Their logits and greedy
+    tokens are ONNX Runtime's over the whole sequence, and the cached blocks are unchanged. Blocks leave the pool
+    only when no row and not the cache holds them."""
     from functools import partial
 
     from vaswani.serving.prefix_cache import PrefixCache
 
     model = OrtModelForCausalLM.from_pretrained(folders["rope"], engine="openvino", openvino_precision="f32")
+    reference = OrtModelForCausalLM.from_pretrained(folders["rope"])
+    kind, tolerance = TOLERANCES["fp32"]
     step = model.decoder_runtime.step_model()
     pool = step.pool
     cache = PrefixCache.for_model(step, 1 << 30)
@@ -162,31 +165,33 @@ def test_the_prefix_cache_keeps_the_pools_own_blocks_and_a_prefix_ending_inside_
 
     first = step.prefill_group(["a"], [prompt])
     first.run(first.columns)
-    assert cache.store(prompt, partial(first.row_cache, 0)) == 2
-    kept = [cache.blocks[key].kept for key, _, _ in cache.keys(prompt)]
-    assert kept == first.states[0].blocks[:2]  # the row's own blocks, not copies
+    assert cache.store(prompt, partial(first.row_cache, 0)) == 3  # two whole blocks and the 6 tokens of a third
+    kept = list(first.states[0].blocks)
+    assert sorted(block.kept for block in cache.blocks.values()) == sorted(kept)  # the row's own blocks, not copies
     before = [array[kept].copy() for array in pool.arrays]
-    first.keep([])  # the row is dropped: the cache's hold keeps its two whole blocks
+    first.keep([])  # the row is dropped: the cache's hold keeps its blocks
     held = {block for block in range(pool.blocks) if pool.references[block]}
     assert held == set(kept)
 
-    whole = prompt[:64]
-    cached, prefix = cache.lookup(whole)
-    assert cached == 63
-    group = step.prefill_group(["w"], [whole], [prefix])
-    del prefix
-    assert group.tokens == 1 and group.states[0].blocks[0] == kept[0] and group.states[0].blocks[1] != kept[1]
-    batch, logits, answer = greedy_answer(step, group, 5)
-    expected = whole_sequence_logits(OrtModelForCausalLM.from_pretrained(folders["rope"]), whole, answer)
-    kind, tolerance = TOLERANCES["fp32"]
-    allowed = allowed_difference(kind, tolerance, float(np.abs(expected).max()), model.config.num_hidden_layers)
-    assert float(np.abs(np.stack(logits) - expected).max()) <= allowed
-    assert answer == expected.argmax(-1).tolist()
-    for array, saved in zip(pool.arrays, before):
-        np.testing.assert_array_equal(array[kept], saved)
+    longer = prompt + [7, 8, 9]
+    for resumed, cached_tokens, own_block in ((prompt[:64], 63, 1), (longer, 70, 2)):
+        cached, prefix = cache.lookup(resumed)
+        assert cached == cached_tokens
+        group = step.prefill_group(["r"], [resumed], [prefix])
+        del prefix
+        blocks = group.states[0].blocks
+        assert group.tokens == len(resumed) - cached and blocks[:own_block] == kept[:own_block]
+        assert blocks[own_block] != kept[own_block]  # the block its cached part ends inside: copied
+        batch, logits, answer = greedy_answer(step, group, 5)
+        expected = whole_sequence_logits(reference, resumed, answer)
+        allowed = allowed_difference(kind, tolerance, float(np.abs(expected).max()), model.config.num_hidden_layers)
+        assert float(np.abs(np.stack(logits) - expected).max()) <= allowed
+        assert answer == expected.argmax(-1).tolist()
+        for array, saved in zip(pool.arrays, before):
+            np.testing.assert_array_equal(array[kept], saved)
+        batch.keep([])
+        assert {block for block in range(pool.blocks) if pool.references[block]} == set(kept)
 
-    batch.keep([])
-    assert {block for block in range(pool.blocks) if pool.references[block]} == set(kept)
     assert cache.make_room(cache.max_bytes, set())  # evicts every block
     assert len(pool.free) == pool.blocks and not any(pool.references)
 

@@ -7,7 +7,8 @@ Oracle: the same scheduler over the same step model with the cache off. A reques
 must get the same tokens, and log probabilities within the spread that batching alone gives the cache-off server (the
 same request prefilled alone and beside others), for: a shared prefix reused by later requests, requests sharing a
 prefix at the same time, a prefix ending inside a block, a prompt cached whole, a chat's next turn (its answer cached
-when it left), and eviction under a budget of a few blocks.
+when it left), and eviction under a budget of a few blocks. The tokens found are those a prompt shares with the
+sequences served before it, to the token.
 
 The token budget (`max_num_batched_tokens`): a long prompt arriving while streams run is fed in chunks, each beside a
 decoding step of the running streams, and no iteration computes more tokens than the budget (the scheduler's own step
@@ -170,13 +171,24 @@ def test_prefix_cached_answers_equal_uncached_ones(runtime, step_models, texts):
     spread = batching_spread(step_model, [shared[0], inside, next_turn])
     for cached_wave, plain_wave in zip(cached, plain):
         assert_same_answers(cached_wave, plain_wave, spread)
-    # Hits: the second wave's two prompts (3 blocks each), the one ending inside a block (2), the prompt cached whole
-    # (all but its last token), shared[2] again (4 blocks), and the next turn's first turn and answer (the whole
-    # blocks of its 2 blocks + 8 + 7 fed tokens: 2).
-    expected = 2 * 3 * block + 2 * block + (4 * block - 1) + 4 * block + 2 * block
-    assert cache.hit_tokens == expected
-    assert next_turn_hit == 2 * block
+    # Hits: each prompt finds the longest start it shares with a sequence an earlier wave fed (its prompt and answer
+    # but the last token, stored when it left), all but its last token at most. Token by token: a prompt parting
+    # from a cached one inside a block reuses the tokens of that block they share.
+    fed, expected = [], []
+    for wave, answers in zip([*waves, [next_turn]], plain):
+        expected += [
+            min(len(prompt) - 1, max((common_length(prompt, seen) for seen in fed), default=0)) for prompt in wave
+        ]
+        fed += [prompt + tokens[:-1] for prompt, (tokens, _) in zip(wave, answers)]
+    assert expected[1] >= 3 * block + 5 and expected[4] == 4 * block - 1  # the shared prefix; the prompt cached whole
+    assert cache.hit_tokens == sum(expected)
+    assert next_turn_hit == expected[-1] == len(first_turn) + len(plain[-2][0][0]) - 1  # the whole previous turn
     assert cache.queried_tokens == sum(len(p) for wave in waves for p in wave) + len(next_turn)
+
+
+def common_length(first: list[int], second: list[int]) -> int:
+    """How many leading tokens two sequences share."""
+    return next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second)))
 
 
 @pytest.mark.parametrize("runtime", ["gqa", "portable", "openvino"])
@@ -186,12 +198,14 @@ def test_eviction_under_a_tiny_budget_serves_nothing_wrong_and_stays_under_it(ru
     block = probe.block_size
     server = Server(step_model, probe)
     try:
-        server.wave([texts[0][: block + 1]], max_tokens=1)
+        server.wave([texts[0][:block]], max_tokens=1)  # one whole block, stored as the prompt ends
     finally:
         server.stop()
     block_bytes = probe.bytes  # one block's keys and values
-    prompts = [texts[i % 2][: 2 * block + 1 + i] for i in range(8)]  # two texts in turn, 2 blocks each: 4 wanted
-    cache = PrefixCache.for_model(step_model, 3 * block_bytes)  # 3 kept
+    # Two texts in turn, each sent twice in a row (the second time longer): 2 whole blocks and a partial one each,
+    # one text's kept at a time, evicted by the other's.
+    prompts = [texts[(i // 2) % 2][: 2 * block + 1 + i] for i in range(8)]
+    cache = PrefixCache.for_model(step_model, 3 * block_bytes)
     plain_server, cached_server = Server(step_model, None), Server(step_model, cache)
     try:
         plain = [plain_server.wave([prompt]) for prompt in prompts]
@@ -286,12 +300,10 @@ def test_served_prefix_cache_reports_its_hits_in_metrics_and_health(folders, tok
 def test_usage_reports_the_prompt_tokens_the_cache_supplied(folders, tokenizer):
     """`usage.prompt_tokens_details.cached_tokens`, as OpenAI and vLLM report it: 0 for a prompt the cache has not
     seen (with n=2, the prompt counted once, by its first choice), then, for the same prompt again, whole or streamed,
-    every full block but the one holding the last prompt token (which is always computed, for its logits); 0 with the
+    every token but the last (which is always computed, for its logits), its partial last block's included; 0 with the
     cache off."""
     ids = tokenizer(corpus_stories()[210][:400])["input_ids"][:70]
-    block = 16  # the GroupQueryAttention batch's prefix blocks (copies, of the default size)
-    reused = block * ((len(ids) - 1) // block)  # the block arithmetic: 64 of 70 tokens
-    assert reused == 64
+    reused = len(ids) - 1  # 4 whole blocks of 16 and 5 of the 6 tokens of a fifth
 
     def cached_tokens(http, **extra) -> int:
         body = {"model": "tiny", "prompt": ids, "max_tokens": 2, "temperature": 0, **extra}

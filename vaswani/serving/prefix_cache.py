@@ -2,22 +2,27 @@
 (a shared system prompt, the conversation so far on each turn of a chat), as vLLM's automatic prefix caching keeps
 them.
 
-A sequence's tokens are cut into blocks of `block_size`; a full block is keyed by its tokens and its parent's key (so
-a key names the whole prefix up to the block's end), and holds that block's keys and values as the runtime gives
-them (`row_cache`): by default a copy of its slice of every cache tensor, (kv_heads, block_size, head_dim) each
+A sequence's tokens are cut into blocks of `block_size`; a block is keyed by its tokens and its parent's key (so a
+key names the whole prefix up to the block's end), and holds that block's keys and values as the runtime gives them
+(`row_cache`): by default a copy of its slice of every cache tensor, (kv_heads, tokens, head_dim) each
 (`CopiedBlocks`); a step model that keeps its cache in blocks of its own shares them instead (its `prefix_storage`:
-the paged batch's `SharedBlocks`, which copy nothing). A prompt's lookup walks its blocks from the start and stops
-at the first one missing; the prefix found is handed to the runtime's prefill (`StepModel.prefill_group`'s
-`prefixes`), which computes only the rest. At least one prompt token is always computed: its logits choose the first
-token. Blocks are stored when a prompt's prefill ends (so requests arriving while it decodes reuse it) and when a
-sequence leaves (its answer too: the next turn of a chat resends it).
+the paged batch's `SharedBlocks`, which copy nothing). A sequence's last block may be partial (its tail, shorter
+than `block_size`). A prompt's lookup walks its full blocks from the start and stops at the first one missing; there
+it takes, of the blocks that follow the last one found, the one sharing the most leading tokens with the rest of the
+prompt, to the token (SGLang's radix cache matches tokens so; vLLM's whole blocks only). So a prompt that parts from
+a cached one inside a block, or a chat turn that resends the previous one's tail, reuses every token they share.
+The prefix found is handed to the runtime's prefill (`StepModel.prefill_group`'s `prefixes`), which computes only
+the rest. At least one prompt token is always computed: its logits choose the first token. Sequences are stored when
+a prompt's prefill ends (so requests arriving while it decodes reuse it) and when a sequence leaves (its answer too:
+the next turn of a chat resends it); a partial block that a longer one after the same parent begins with is dropped.
 
 Blocks are evicted least recently used under a byte budget. A lookup or a store touches a prefix's blocks from its
 last to its first, so that a parent is always younger than its children and the leaves go first: evicting a parent
 would strand its children, which no lookup can reach without it.
 
 A block's tokens and its parent's key are stored with it and compared on lookup: a hash collision is a miss, never
-another prompt's keys.
+another prompt's keys. A block is read only up to the tokens a lookup matched: a partial block's row may go on
+writing after its tail, never inside it.
 
     >>> cache = PrefixCache.for_model(step_model, max_bytes=1 << 30)
     >>> cached, prefix = cache.lookup(prompt)                 # tokens reused, and their cache arrays
@@ -26,7 +31,7 @@ another prompt's keys.
 """
 
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +91,8 @@ class PrefixCache:
         self.storage = storage if storage is not None else CopiedBlocks(block_size)
         self.max_bytes, self.block_size = max_bytes, self.storage.block_size
         self.blocks: OrderedDict[int, Block] = OrderedDict()  # oldest first
+        # (a key, a token) -> the keys of the blocks after that key starting with that token
+        self.children: defaultdict[tuple[int, int], set[int]] = defaultdict(set)
         self.bytes = 0
         # Token counts for /metrics: looked up, found (the hit rate is their ratio), and blocks evicted so far.
         self.queried_tokens = self.hit_tokens = self.evicted_blocks = 0
@@ -111,19 +118,30 @@ class PrefixCache:
         their cache as `prefill_group` takes it (by default (kv_heads, tokens, head_dim) per cache tensor; None when
         nothing is cached)."""
         found: list[tuple[int, Block]] = []
-        for key, parent, tokens in self.keys(prompt):
+        parent = 0
+        for key, parent_key, tokens in self.keys(prompt):
             block = self.blocks.get(key)
-            if block is None or block.parent != parent or block.tokens != tokens:  # a missing block, or a collision
+            if block is None or block.parent != parent_key or block.tokens != tokens:  # a missing block, or a collision
                 break
             found.append((key, block))
+            parent = key
+        matched = len(found) * self.block_size
+        # Where the full blocks end: the block after them sharing the most leading tokens with the rest of the prompt.
+        rest = tuple(prompt[matched : matched + self.block_size])
+        after = self.children.get((parent, rest[0]), ()) if rest else ()
+        shared, key = max(((common_length(self.blocks[key].tokens, rest), key) for key in after), default=(0, None))
+        if shared:
+            found.append((key, self.blocks[key]))
+            matched += shared
         for key, _ in reversed(found):  # the last block first: parents stay younger than their children
             self.blocks.move_to_end(key)
-        cached = min(len(found) * self.block_size, len(prompt) - 1)
+        cached = min(matched, len(prompt) - 1)
         self.queried_tokens += len(prompt)
         self.hit_tokens += cached
         if cached <= 0:
             return 0, None
-        return cached, self.storage.prefix([block.kept for _, block in found], cached)
+        used = -(-cached // self.block_size)  # the blocks holding the cached tokens
+        return cached, self.storage.prefix([block.kept for _, block in found[:used]], cached)
 
     def holds(self, tokens: Sequence[int]) -> bool:
         """Whether the block that ends `tokens` (a multiple of `block_size` long) is cached, without touching it."""
@@ -135,26 +153,36 @@ class PrefixCache:
         return block is not None and block.parent == parent and block.tokens == block_tokens
 
     def store(self, tokens: Sequence[int], read: Callable[[int, int], Any]) -> int:
-        """Keep the full blocks of `tokens` not cached yet; `read(start, stop)` gives the cache of tokens
-        [start, stop) as the cache keeps it (the runtime's `row_cache`: by default a copy, (kv_heads, stop - start,
-        head_dim) per cache tensor). Room is made by evicting other prefixes' blocks, least recently used first;
-        where that is not enough, the deepest blocks of `tokens` are not kept (a prefix is only reachable through
-        its first blocks). Returns the blocks added."""
+        """Keep the blocks of `tokens` not cached yet, its partial last block too; `read(start, stop)` gives the cache
+        of tokens [start, stop) as the cache keeps it (the runtime's `row_cache`: by default a copy, (kv_heads,
+        stop - start, head_dim) per cache tensor). Room is made by evicting other prefixes' blocks, least recently
+        used first; where that is not enough, the deepest blocks of `tokens` are not kept (a prefix is only reachable
+        through its first blocks). Returns the blocks added."""
         if self.max_bytes == 0:
             return 0
         chain = self.keys(tokens)
+        whole = len(chain) * self.block_size
+        if whole < len(tokens):
+            parent = chain[-1][0] if chain else 0
+            tail = tuple(tokens[whole:])
+            chain.append((hash((parent, tail)), parent, tail))
         own = {key for key, _, _ in chain}
         added = 0
         for index, (key, parent, block_tokens) in enumerate(chain):
             if key in self.blocks:  # this prefix's, or a colliding one's, which is kept: its tokens tell them apart
                 continue
+            siblings = [self.blocks[sibling] for sibling in self.children.get((parent, block_tokens[0]), ())]
+            if any(sibling.tokens[: len(block_tokens)] == block_tokens for sibling in siblings):
+                break  # a partial block a cached one begins with: that one serves it
             start = index * self.block_size
-            kept = read(start, start + self.block_size)
+            kept = read(start, start + len(block_tokens))
             nbytes = self.storage.nbytes(kept)
             if not self.make_room(nbytes, own):
                 self.storage.release(kept)
                 break
+            self.drop_partial_prefixes(parent, block_tokens)
             self.blocks[key] = Block(parent, block_tokens, kept, nbytes)
+            self.children[parent, block_tokens[0]].add(key)
             self.bytes += nbytes
             added += 1
         for key, _, _ in reversed(chain):  # the last block first: parents stay younger than their children
@@ -162,17 +190,33 @@ class PrefixCache:
                 self.blocks.move_to_end(key)
         return added
 
+    def drop_partial_prefixes(self, parent: int, tokens: tuple[int, ...]) -> None:
+        """Drop the partial blocks after `parent` that a block of `tokens` begins with: it serves every lookup they
+        would."""
+        for key in list(self.children.get((parent, tokens[0]), ())):
+            block = self.blocks[key]
+            if len(block.tokens) < len(tokens) and tokens[: len(block.tokens)] == block.tokens:
+                self.evict(key)
+
     def make_room(self, nbytes: int, keep: set[int]) -> bool:
         """Evict the least recently used blocks outside `keep` until `nbytes` more fit; False where they cannot."""
         while self.bytes + nbytes > self.max_bytes:
             oldest = next((key for key in self.blocks if key not in keep), None)
             if oldest is None:
                 return False
-            block = self.blocks.pop(oldest)
-            self.storage.release(block.kept)
-            self.bytes -= block.nbytes
+            self.evict(oldest)
             self.evicted_blocks += 1
         return True
+
+    def evict(self, key: int) -> None:
+        """Let go of block `key`."""
+        block = self.blocks.pop(key)
+        siblings = self.children[block.parent, block.tokens[0]]
+        siblings.discard(key)
+        if not siblings:
+            del self.children[block.parent, block.tokens[0]]
+        self.storage.release(block.kept)
+        self.bytes -= block.nbytes
 
     def stats(self) -> dict[str, int]:
         """For /health: blocks and bytes held, tokens looked up and found."""
@@ -183,3 +227,11 @@ class PrefixCache:
             "queried_tokens": self.queried_tokens,
             "hit_tokens": self.hit_tokens,
         }
+
+
+def common_length(first: Sequence[int], second: Sequence[int]) -> int:
+    """How many leading tokens `first` and `second` share."""
+    for index, (a, b) in enumerate(zip(first, second)):
+        if a != b:
+            return index
+    return min(len(first), len(second))

@@ -150,12 +150,14 @@ class PagedRow:
         self.length = prefix.tokens
 
     def share(self, start: int, stop: int) -> int:
-        """The block holding tokens [start, stop), a whole block of the row's, held once more for the prefix
-        cache."""
+        """The block holding tokens [start, stop), held once more for the prefix cache: a whole block of the row's,
+        or the block its last tokens are in (their prefix, [start, length) or less, which the row never writes again:
+        it only appends)."""
         size = self.pool.block_size
-        if start % size or stop - start != size or stop > self.length:
+        if start % size or not 0 < stop - start <= size or stop > self.length:
             raise ValueError(
-                f"the row shares whole blocks of {size} tokens it holds ({self.length}), not tokens [{start}, {stop})."
+                f"the row shares the tokens of one of its blocks of {size}, from the block's start, among the "
+                f"{self.length} it holds; not tokens [{start}, {stop})."
             )
         return self.pool.share(self.blocks[start // size])
 
