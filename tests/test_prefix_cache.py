@@ -16,6 +16,7 @@ log); the answers equal those of a server whose budget takes the prompt in one c
 """
 
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -284,6 +285,11 @@ def test_served_prefix_cache_reports_its_hits_in_metrics_and_health(folders, tok
         for prompt in prompts:
             body = {"model": "tiny", "prompt": prompt, "max_tokens": 3, "temperature": 0}
             assert http.post("/v1/completions", json=body).status_code == 200
+        # A finished sequence's tokens are stored as it leaves the batch, just after its answer is sent.
+        deadline = time.monotonic() + 30
+        while service.scheduler.busy and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not service.scheduler.busy
         metrics, health = scrape(http), http.get("/health").json()
     cache = service.scheduler.prefix_cache
     assert cache.hit_tokens >= 48
