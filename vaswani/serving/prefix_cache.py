@@ -171,9 +171,8 @@ class PrefixCache:
         for index, (key, parent, block_tokens) in enumerate(chain):
             if key in self.blocks:  # this prefix's, or a colliding one's, which is kept: its tokens tell them apart
                 continue
-            siblings = [self.blocks[sibling] for sibling in self.children.get((parent, block_tokens[0]), ())]
-            if any(sibling.tokens[: len(block_tokens)] == block_tokens for sibling in siblings):
-                break  # a partial block a cached one begins with: that one serves it
+            if len(block_tokens) < self.block_size and self.begins_a_cached_block(parent, block_tokens):
+                break  # a partial block: the cached one it begins serves it
             start = index * self.block_size
             kept = read(start, start + len(block_tokens))
             nbytes = self.storage.nbytes(kept)
@@ -189,6 +188,12 @@ class PrefixCache:
             if key in self.blocks:
                 self.blocks.move_to_end(key)
         return added
+
+    def begins_a_cached_block(self, parent: int, tokens: tuple[int, ...]) -> bool:
+        """Whether a cached block after `parent` begins with `tokens` (a full block with the same tokens has the same
+        key, so only a partial block's check can find one)."""
+        after = self.children.get((parent, tokens[0]), ())
+        return any(self.blocks[key].tokens[: len(tokens)] == tokens for key in after)
 
     def drop_partial_prefixes(self, parent: int, tokens: tuple[int, ...]) -> None:
         """Drop the partial blocks after `parent` that a block of `tokens` begins with: it serves every lookup they
