@@ -474,7 +474,7 @@ def test_openvino_batch_rows_join_and_leave_as_pytorch_computes_the_graphs_weigh
         monkeypatch.setattr(openvino.Core, "compile_model", without_int8_activations)
     model = OrtModelForCausalLM.from_pretrained(exports[export], engine="openvino", openvino_precision="f32")
     runtime = model.decoder_runtime
-    step = runtime.step_model() if kind == "paged" else OpenVinoStepModel(model, runtime)
+    step = runtime.step_model(kv_cache_dtype="float32") if kind == "paged" else OpenVinoStepModel(model, runtime)
     assert isinstance(step, PagedStepModel if kind == "paged" else OpenVinoStepModel)
     _, step_runs = CallCounter.both(model)
     batch = step.new_batch()

@@ -74,7 +74,7 @@ def test_paged_rows_join_leave_share_a_prefix_and_grow_the_pool_as_onnxruntime_c
     monkeypatch.setattr(paged, "FIRST_POOL_BYTES", 0)
     monkeypatch.setattr(paged, "FIRST_BLOCKS", 2)
     model = OrtModelForCausalLM.from_pretrained(folders[positions], engine="openvino", openvino_precision="f32")
-    step = model.decoder_runtime.step_model()
+    step = model.decoder_runtime.step_model(kv_cache_dtype="float32")
     assert isinstance(step, paged.PagedStepModel)
     pool = step.pool
     generator = torch.Generator().manual_seed(3)
@@ -157,7 +157,7 @@ def test_the_prefix_cache_keeps_the_pools_own_blocks_and_a_prefix_ending_inside_
     model = OrtModelForCausalLM.from_pretrained(folders["rope"], engine="openvino", openvino_precision="f32")
     reference = OrtModelForCausalLM.from_pretrained(folders["rope"])
     kind, tolerance = TOLERANCES["fp32"]
-    step = model.decoder_runtime.step_model()
+    step = model.decoder_runtime.step_model(kv_cache_dtype="float32")
     pool = step.pool
     cache = PrefixCache.for_model(step, 1 << 30)
     assert cache.block_size == pool.block_size == 32
@@ -206,7 +206,7 @@ def test_paged_verification_and_rollback_continue_as_plain_decoding(folders):
     call give ONNX Runtime's logits at every fed position; rolling back the rejected ones (2 and 0) leaves each row
     where plain decoding of its kept tokens would be, and the next step's logits are ONNX Runtime's for that."""
     model = OrtModelForCausalLM.from_pretrained(folders["rope"], engine="openvino", openvino_precision="f32")
-    step = model.decoder_runtime.step_model()
+    step = model.decoder_runtime.step_model(kv_cache_dtype="float32")
     alone = OrtModelForCausalLM.from_pretrained(folders["rope"])
     generator = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, 60, (length,), generator=generator).tolist() for length in (30, 9)]
@@ -280,13 +280,17 @@ def test_a_failing_fused_step_runs_the_chunk_and_the_step_apart(folders, monkeyp
     assert apart == fused
 
 
-def test_a_float16_cache_halves_the_pool_and_keeps_onnxruntimes_tokens(folders):
-    """`kv_cache_dtype="float16"` (`vaswani serve --kv-cache-dtype float16`): the pool's tensors are float16, half the
-    bytes a block, and greedy tokens stay ONNX Runtime's with logits within the half-precision rule."""
+def test_a_float16_cache_halves_the_pool_and_keeps_onnxruntimes_tokens(folders, caplog):
+    """The default cache (`kv_cache_dtype="auto"`, as `vaswani serve` starts) is float16 at f32 compute too, and the
+    log says so: the pool's tensors are float16, half the bytes a block of `--kv-cache-dtype float32`'s, and greedy
+    tokens stay ONNX Runtime's with logits within the half-precision rule."""
     model = OrtModelForCausalLM.from_pretrained(folders["rope"], engine="openvino", openvino_precision="f32")
-    half = model.decoder_runtime.step_model(kv_cache_dtype="float16")
-    full = model.decoder_runtime.step_model()
+    with caplog.at_level(logging.INFO, logger="vaswani.runtime.decoders.paged"):
+        half = model.decoder_runtime.step_model()
+    assert "paged KV cache in f16 (kv_cache_dtype=auto)" in caplog.text
+    full = model.decoder_runtime.step_model(kv_cache_dtype="float32")
     assert half.pool.arrays[0].dtype == np.float16 and full.pool.arrays[0].dtype == np.float32
+    assert model.decoder_runtime.step_model(kv_cache_dtype="float16").pool.arrays[0].dtype == np.float16
     assert 2 * half.pool.bytes_per_block == full.pool.bytes_per_block
     prompt = torch.randint(3, 60, (50,), generator=torch.Generator().manual_seed(8)).tolist()
     group = half.prefill_group(["x"], [prompt])

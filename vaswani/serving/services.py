@@ -213,7 +213,7 @@ def load_service(
     and values in a prefix cache of `prefix_cache_bytes` (0: none); `speculative_config` turns on speculative
     decoding (vLLM's `--speculative-config` JSON or a dict, `speculation.SpeculativeConfig`: prompt lookup or a draft
     model; default off). `kv_cache_dtype` ("auto", "float32", "float16") is the paged cache's under
-    `engine="openvino"` ("auto": the compute precision's). The scheduler is not started."""
+    `engine="openvino"` ("auto": float16). The scheduler is not started."""
     check_kv_cache_dtype(kv_cache_dtype)  # before the model loads
     if backend != "onnx" or engine not in ("openvino", "auto"):  # "auto" is known once the model is loaded
         refuse_kv_cache_dtype(kv_cache_dtype, "PyTorch's" if backend == "torch" else "ONNX Runtime's")

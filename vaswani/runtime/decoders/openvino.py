@@ -147,7 +147,7 @@ class OpenVinoRuntime(PortableRuntime):
         return held_cache_sample(self.openvino, input_ids, attention_mask, position_ids, *loop)
 
     def step_model(self, kv_cache_dtype: str = "auto") -> "PagedStepModel | OpenVinoStepModel":
-        """The paged batch (`paged.PagedStepModel`, its cache in `kv_cache_dtype`: "auto", "float32" or "float16")
+        """The paged batch (`paged.PagedStepModel`, its cache in `kv_cache_dtype`: "auto" (float16), "float32" or "float16")
         where the graph takes the paged form, else the stateful one."""
         check_kv_cache_dtype(kv_cache_dtype)  # before the fallback below, which would hide it
         try:
