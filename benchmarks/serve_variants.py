@@ -38,6 +38,7 @@ BUILTIN_VARIANTS: dict[str, dict[str, list[str]]] = {
     "noprefix": {"vaswani": ["--prefix-cache-bytes", "0"], "openvino": ["--no-prefix-caching"]},
     "ngram": {"vaswani": ["--speculative-config", NGRAM_CONFIG]},
     "kvf16": {"vaswani": ["--kv-cache-dtype", "float16"]},
+    "kvf32": {"vaswani": ["--kv-cache-dtype", "float32"]},
 }
 
 
@@ -106,10 +107,11 @@ def compute_precision(
     if spec.family == "vaswani":
         weights = {"fp32": "fp32 weights", "int8": "int8 weights", "int4": "int4 weights"}[spec.weights]
         if spec.runtime == "openvino":
-            # vaswani serve's paged cache: float16 asked for, else the compute precision's (f16 for bf16).
+            from vaswani.runtime.decoders.paged import KV_CACHE_DTYPES  # what vaswani serve's paged cache takes
+
             flags = list(spec.flags)
             asked = flags[flags.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in flags else "auto"
-            cache = {"float16": "f16", "float32": "f32"}.get(asked, "f16" if openvino_precision == "bf16" else "f32")
+            cache = KV_CACHE_DTYPES[asked]
             activations = (
                 ", int8 activations in groups of 32 (the CPU plugin's default)" if spec.weights != "fp32" else ""
             )

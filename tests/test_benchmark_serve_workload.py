@@ -438,10 +438,13 @@ def test_a_run_builds_every_workload_at_every_rate_with_a_warm_up_each():
 
 def test_openvino_rows_name_their_kv_cache_and_int8_activations():
     """The labels say what each OpenVINO-backed server computes with: vaswani's paged cache in the precision its flags
-    ask for (f32 by default at f32 compute), OpenVINO GenAI's as its shim reports the CPU plugin's defaults."""
+    ask for (f16 by default, the paged cache's `KV_CACHE_DTYPES["auto"]`), OpenVINO GenAI's as its shim reports
+    the CPU plugin's defaults."""
     plain = compute_precision(engine_spec("vaswani-int8-openvino", {}), "f32")
     half = compute_precision(engine_spec("vaswani-int8-openvino+kvf16", {}), "f32")
-    assert "f32 KV cache" in plain and "f16 KV cache" in half and "int8 activations in groups of 32" in plain
+    full = compute_precision(engine_spec("vaswani-int8-openvino+kvf32", {}), "f32")
+    assert "f16 KV cache" in plain and "f16 KV cache" in half and "f32 KV cache" in full
+    assert "int8 activations in groups of 32" in plain
     assert "int8 activations" not in compute_precision(engine_spec("vaswani-fp32-openvino", {}), "f32")
     assert "f16 KV cache" in compute_precision(engine_spec("vaswani-int8-openvino", {}), "bf16")
     settings = {"kv_cache_precision": "u8", "dynamic_quantization_group_size": "32"}
