@@ -38,7 +38,8 @@ turns within a round, in reverse order every other round, and each figure is the
 Engines (benchmarks/serve_variants.py) take `+VARIANT` suffixes that add server flags, named in each result row:
 `+noprefix` turns the prefix cache off (`vaswani serve --prefix-cache-bytes 0`; OpenVINO GenAI's
 `enable_prefix_caching`, which the shim sets on otherwise), `+ngram` speculative decoding, `+kvf16` and `+kvf32`
-`--engine openvino`'s paged cache in float16 (the default) or float32, and `--variant NAME=FLAGS`
+`--engine openvino`'s paged cache in float16 (the default) or float32, `+floatact` its int8 weights' products
+with float activations in every call (`--openvino-int8-activations off`), and `--variant NAME=FLAGS`
 defines more (`--variant tokens64='--max-num-batched-tokens 64' --engines vaswani-int8 vaswani-int8+tokens64`).
 
 `--structured-share 0.5` adds the structured-output mix (vaswani engines only): each rate runs again on the same

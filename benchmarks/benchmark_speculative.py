@@ -3,10 +3,15 @@ chat workload (each conversation's second turn asks about, edits or repeats what
 server's own scheduler and the export's step model (no HTTP in the measurement). Greedy answers must be identical
 (checked); the table gives output tokens per second over each turn (prefill included) and the acceptance rate.
 
-    python benchmarks/benchmark_speculative.py /tmp/smol/onnx-int8 --threads 2 --rounds 2
-    python benchmarks/benchmark_speculative.py /tmp/smol/onnx-int8 --config '{"num_speculative_tokens": 3}'
+    python -m benchmarks.benchmark_speculative /tmp/smol/onnx-int8 --threads 2 --rounds 2
+    python -m benchmarks.benchmark_speculative /tmp/smol/onnx-int8 --config '{"num_speculative_tokens": 3}'
+    python -m benchmarks.benchmark_speculative /tmp/smol/onnx-int8-attention-portable --engine openvino \
+        --openvino-int8-activations off --json docs/results/x.json --markdown docs/results/x.md
 
-Prints a Markdown table (with --output, also writes it to that file).
+Prints a Markdown table (with --output, also writes it to that file; with --json, a results page's JSON, and with
+--markdown the page rendered from it). `--engine openvino` serves through OpenVINO's paged batch, whose int8
+activations (`--openvino-int8-activations`, as `vaswani serve` takes it) decide whether a verification call computes
+what a one-token step does.
 """
 
 import argparse
@@ -15,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks.provenance import command_line, machine
+from benchmarks.results.pages import write
 from vaswani.runtime.loading import set_command_threads
 from vaswani.serving import SamplingParams, load_service
 from vaswani.serving.scheduler import Scheduler
@@ -95,9 +102,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--config", default='{"method": "ngram", "num_speculative_tokens": 4}')
+    parser.add_argument("--engine", choices=("onnxruntime", "openvino"), default="onnxruntime")
+    parser.add_argument("--openvino-int8-activations", choices=("on", "off"), default="on")
     parser.add_argument("--output", help="also write the table to this Markdown file")
+    parser.add_argument("--json", type=Path, help="also write a results page's JSON here")
+    parser.add_argument("--markdown", type=Path, help="with --json: the page rendered from it")
     args = parser.parse_args()
-    service = load_service(args.folder, threads=args.threads)
+    options = {"engine": args.engine} if args.engine != "onnxruntime" else {}
+    if args.openvino_int8_activations == "off":
+        options["openvino_int8_activations"] = False
+    service = load_service(args.folder, threads=args.threads, **options)
     set_command_threads("small-ops", args.threads)  # as `vaswani serve` sets torch's pool for an export
     config = SpeculativeConfig.parse(args.config)
     rows = []
@@ -122,7 +136,9 @@ def main() -> None:
     lines = [
         "# Speculative decoding in the server: batch 1, multi-turn chat",
         "",
-        f"`{args.folder}`, {args.threads} intra-op threads, greedy, at most {args.max_tokens} tokens per turn, "
+        f"`{args.folder}`, {service.scheduler.model.description}, {args.threads} intra-op threads"
+        + (f", OpenVINO's int8 activations {args.openvino_int8_activations}" if args.engine == "openvino" else "")
+        + f", greedy, at most {args.max_tokens} tokens per turn, "
         f"{len(CONVERSATIONS)} two-turn conversations; speculative config `{json.dumps(config.__dict__)}`. "
         "Output tokens per second over every turn (prefill included); identical: "
         "speculative answers equal to plain ones (they are in exact arithmetic; a quantized kernel may round a "
@@ -140,6 +156,21 @@ def main() -> None:
     print("\n".join(lines))
     if args.output:
         Path(args.output).write_text("\n".join(lines) + "\n")
+    if args.json:
+        rounds = [
+            {"round": index, "tokens": tokens, "plain_tok_s": plain, "speculative_tok_s": speculative, **stats,
+             "identical_answers": identical}  # fmt: skip
+            for index, tokens, plain, speculative, stats, identical in rows
+        ]
+        results = {
+            "title": lines[0].removeprefix("# "),
+            "command": command_line(),
+            "machine": machine(args.threads),
+            "notes": [lines[2]],
+            "tables_from": "speculative",
+            "raw": {"rounds": rounds, "answers": 2 * len(CONVERSATIONS), "config": config.__dict__},
+        }
+        write(results, args.json, args.markdown)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ BUILTIN_VARIANTS: dict[str, dict[str, list[str]]] = {
     "ngram": {"vaswani": ["--speculative-config", NGRAM_CONFIG]},
     "kvf16": {"vaswani": ["--kv-cache-dtype", "float16"]},
     "kvf32": {"vaswani": ["--kv-cache-dtype", "float32"]},
+    "floatact": {"vaswani": ["--openvino-int8-activations", "off"]},
 }
 
 
@@ -112,9 +113,8 @@ def compute_precision(
             flags = list(spec.flags)
             asked = flags[flags.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in flags else "auto"
             cache = KV_CACHE_DTYPES[asked]
-            activations = (
-                ", int8 activations in groups of 32 (the CPU plugin's default)" if spec.weights != "fp32" else ""
-            )
+            rounded = spec.weights != "fp32" and "--openvino-int8-activations" not in flags
+            activations = ", int8 activations in groups of 32 (the CPU plugin's default)" if rounded else ""
             return f"{weights}, {openvino_precision} compute{activations}, {cache} KV cache (OpenVINO, portable export)"
         if spec.weights == "fp32":
             return f"{weights}, fp32 compute (ONNX Runtime)"

@@ -445,6 +445,8 @@ def test_openvino_rows_name_their_kv_cache_and_int8_activations():
     full = compute_precision(engine_spec("vaswani-int8-openvino+kvf32", {}), "f32")
     assert "f16 KV cache" in plain and "f16 KV cache" in half and "f32 KV cache" in full
     assert "int8 activations in groups of 32" in plain
+    floats = compute_precision(engine_spec("vaswani-int8-openvino+floatact", {}), "f32")
+    assert "int8 activations" not in floats and "f16 KV cache" in floats
     assert "int8 activations" not in compute_precision(engine_spec("vaswani-fp32-openvino", {}), "f32")
     assert "f16 KV cache" in compute_precision(engine_spec("vaswani-int8-openvino", {}), "bf16")
     settings = {"kv_cache_precision": "u8", "dynamic_quantization_group_size": "32"}

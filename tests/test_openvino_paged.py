@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_decoder_config
+from serving_cases import scheduled_results
 
 from vaswani import VaswaniForCausalLM
 
@@ -302,11 +303,15 @@ def test_a_float16_cache_halves_the_pool_and_keeps_onnxruntimes_tokens(folders, 
     assert float(np.abs(np.stack(logits) - expected).max()) <= allowed
 
 
-def test_kv_cache_dtype_is_refused_where_the_cache_is_not_openvinos(folders):
+def test_the_paged_batchs_options_are_refused_where_the_batch_is_not_openvinos(folders):
+    """`--kv-cache-dtype` and `--openvino-int8-activations off` name the flag and the engine they need where the
+    server runs ONNX Runtime; an unknown cache precision names the choices."""
     from vaswani.serving import load_service
 
-    with pytest.raises(ValueError, match="engine='openvino'.*Leave it at 'auto'"):
+    with pytest.raises(ValueError, match="--kv-cache-dtype.*engine='openvino'.*Leave it at its default"):
         load_service(folders["rope"], kv_cache_dtype="float16")
+    with pytest.raises(ValueError, match="--openvino-int8-activations.*engine='openvino'.*Leave it at its default"):
+        load_service(folders["rope"], openvino_int8_activations=False)
     with pytest.raises(ValueError, match="not supported; use one of"):
         OrtModelForCausalLM.from_pretrained(folders["rope"], engine="openvino").decoder_runtime.step_model(
             kv_cache_dtype="int8"
@@ -319,3 +324,51 @@ def test_an_unknown_kv_cache_dtype_is_refused_before_the_model_loads(tmp_path):
 
     with pytest.raises(ValueError, match="kv_cache_dtype='int8' is not supported; use one of"):
         load_service(tmp_path, engine="openvino", kv_cache_dtype="int8")
+
+
+@pytest.fixture(scope="module")
+def int8_folder(tmp_path_factory) -> object:
+    """The portable int8 export of a 2-layer decoder 1024 wide: matrices large enough that OpenVINO's CPU plugin
+    keeps them compressed and rounds their products' activations to int8 in calls of several tokens (at 512 wide it
+    computed them in float on the machine this was written on)."""
+    root = tmp_path_factory.mktemp("paged-int8")
+    torch.manual_seed(0)
+    shape = dict(hidden_size=1024, intermediate_size=1024, num_attention_heads=16, num_key_value_heads=4)
+    config = tiny_decoder_config(position_embedding_type="rope", max_position_embeddings=256, **shape)
+    VaswaniForCausalLM(config).eval().save_pretrained(root / "source")
+    return export_onnx(
+        root / "source", root / "int8", task="text-generation", quantize="int8", attention="portable", validate=False
+    ).folder
+
+
+def test_float_activations_make_answers_independent_of_the_rows_sharing_a_step(int8_folder):
+    """`int8_activations=False` (`vaswani serve --openvino-int8-activations off`) tells the plugin not to round the
+    int8 weights' products' activations to int8 (read back). Then each of four prompts gets the same greedy tokens
+    decoded alone (one-row steps) as decoded together (four-row steps), and greedy speculation (verification calls of
+    several tokens a row) serves those tokens too. With the plugin's default, one of the four answers parts from its
+    one-row decoding after 25 tokens on an AVX-512 VNNI Xeon (where the plugin rounds; a CPU where it does not would
+    not show it), so the comparison can fail."""
+    from vaswani.serving import SamplingParams
+    from vaswani.serving.scheduler import Scheduler
+    from vaswani.serving.speculation import SpeculativeConfig, Speculator
+
+    model = OrtModelForCausalLM.from_pretrained(int8_folder, engine="openvino", openvino_precision="f32")
+    step = model.decoder_runtime.step_model(int8_activations=False)
+    assert int(step.compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == 0
+    assert int(model.decoder_runtime.step_model().compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) != 0
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 64, (length,), generator=generator).tolist() for length in (40, 23, 31, 12)]
+
+    def answers(rows: int, speculator=None) -> list[list[int]]:
+        requests = [(prompt, SamplingParams(max_tokens=40, temperature=0.0)) for prompt in prompts]
+        found = []
+        for start in range(0, len(requests), rows):
+            scheduler = Scheduler(step, max_batch=rows, speculator=speculator)
+            found += [tokens for tokens, _, _ in scheduled_results(scheduler, requests[start : start + rows])]
+        return found
+
+    alone = answers(1)
+    assert answers(4) == alone
+    speculator = Speculator(SpeculativeConfig(num_speculative_tokens=4, disable_by_batch_size=None))
+    assert answers(4, speculator) == alone
+    assert speculator.draft_tokens > 0

@@ -42,6 +42,7 @@ TABLE_MAKERS: dict[str, TableMaker] = {
     "side_by_side": speed.side_by_side_tables,
     "build_time": speed.build_time_tables,
     "serve_mixed": speed.serve_mixed_tables,
+    "speculative": speed.speculative_tables,
     "serve_workloads": serve_workloads.serve_workload_tables,
     "int4_domains": quality.domain_tables,
     "matmul_bounds": quality.matmul_bounds_tables,

@@ -267,3 +267,29 @@ def serve_mixed_tables(raw: dict, described: dict) -> list[dict]:
     columns = ["rate (req/s)", "server", "output tok/s: median (range)", "req/s", "TTFT p50 ms", "TTFT p95 ms"]
     columns += ["ITL p50 ms", "ITL p95 ms", "TPOT p50 ms", "failed"]
     return [table("Results", columns, rows)]
+
+
+def speculative_tables(raw: dict, described: dict) -> list[dict]:
+    """benchmarks/benchmark_speculative.py's page: each round's plain and speculative output tok/s, their ratio, the
+    proposals kept and how many greedy answers equal plain decoding's; then the medians with their ranges."""
+    rounds, answers = raw["rounds"], raw["answers"]
+    rows = [
+        [
+            entry["round"], entry["tokens"], f"{entry['plain_tok_s']:.1f}", f"{entry['speculative_tok_s']:.1f}",
+            f"{entry['speculative_tok_s'] / entry['plain_tok_s']:.2f}x",
+            f"{entry['accepted_tokens'] / entry['draft_tokens']:.2f}" if entry["draft_tokens"] else "–",
+            entry["draft_tokens"], entry["accepted_tokens"], f"{entry['identical_answers']}/{answers}",
+        ]  # fmt: skip
+        for entry in rounds
+    ]
+    columns = ["round", "tokens", "plain tok/s", "speculative tok/s", "speed-up", "acceptance rate", "proposed"]
+    columns += ["kept", "identical"]
+    summary = [
+        spread([entry["plain_tok_s"] for entry in rounds]),
+        spread([entry["speculative_tok_s"] for entry in rounds]),
+        spread([entry["speculative_tok_s"] / entry["plain_tok_s"] for entry in rounds], 2, "x"),
+    ]
+    return [
+        table("Each round", columns, rows),
+        table("Over the rounds (median, range)", ["plain tok/s", "speculative tok/s", "speed-up"], [summary]),
+    ]

@@ -115,6 +115,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "at full precision)",
     )
     parser.add_argument(
+        "--openvino-int8-activations",
+        choices=("on", "off"),
+        default="on",
+        help="with --engine openvino on an int8 or int4 export: off gives the weights' products float activations in "
+        "every call. OpenVINO otherwise rounds them to int8 in calls of several tokens (prompts, steps of several "
+        "rows, speculative verification) but not in a one-row step, so an answer's tokens can depend on the requests "
+        "it shares steps with, and greedy speculation can part from plain decoding; off makes both exact, at the "
+        "cost of slower prompts and of speculation's gain (on)",
+    )
+    parser.add_argument(
         "--prefix-cache-bytes",
         type=byte_size,
         default="1GiB",  # serving.prefix_cache.DEFAULT_MAX_BYTES
@@ -195,11 +205,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.engine != "onnxruntime" and not args.ray and args.backend == "onnx":
         options.update(engine=args.engine, openvino_precision=args.openvino_precision)
-    if args.kv_cache_dtype != "auto":
+    # The options of --engine openvino's paged batch, where set: the serving loader refuses them with the fix where
+    # the batch is not OpenVINO's; Ray's replicas do not take them.
+    paged = {"--kv-cache-dtype": ("kv_cache_dtype", args.kv_cache_dtype, "auto")}
+    paged["--openvino-int8-activations"] = ("openvino_int8_activations", args.openvino_int8_activations == "on", True)
+    for flag, (option, value, default) in paged.items():
+        if value == default:
+            continue
         if args.ray or args.backend != "onnx":
-            print("error: --kv-cache-dtype sets --engine openvino's cache; it serves without --ray.", file=sys.stderr)
+            print(f"error: {flag} sets --engine openvino's paged batch; it serves without --ray.", file=sys.stderr)
             return 2
-        options.update(kv_cache_dtype=args.kv_cache_dtype)
+        options[option] = value
     try:
         if args.ray:
             from ..serving.ray_app import load_runtime_env, serve_with_ray

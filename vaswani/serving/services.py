@@ -200,6 +200,7 @@ def load_service(
     tool_call_parser: str | None = None,
     speculative_config: str | dict | None = None,
     kv_cache_dtype: str = "auto",
+    openvino_int8_activations: bool = True,
 ) -> GenerationService | EncoderService:
     """Load `folder` for serving: an exported ONNX folder (`backend="onnx"`, on `provider` "cpu" or "cuda") or a
     PyTorch vaswani folder (`backend="torch"`), local or a Hub repository id; `threads` ONNX Runtime's intra-op threads
@@ -213,10 +214,13 @@ def load_service(
     and values in a prefix cache of `prefix_cache_bytes` (0: none); `speculative_config` turns on speculative
     decoding (vLLM's `--speculative-config` JSON or a dict, `speculation.SpeculativeConfig`: prompt lookup or a draft
     model; default off). `kv_cache_dtype` ("auto", "float32", "float16") is the paged cache's under
-    `engine="openvino"` ("auto": float16). The scheduler is not started."""
+    `engine="openvino"` ("auto": float16); `openvino_int8_activations=False` gives its products of int8/int4 weights
+    float activations in every call, so that a sequence's tokens do not depend on the rows it shares steps with and
+    greedy speculation keeps plain decoding's tokens (prompts compute slower). The scheduler is not started."""
     check_kv_cache_dtype(kv_cache_dtype)  # before the model loads
+    openvino_options = paged_options(kv_cache_dtype, openvino_int8_activations)
     if backend != "onnx" or engine not in ("openvino", "auto"):  # "auto" is known once the model is loaded
-        refuse_kv_cache_dtype(kv_cache_dtype, "PyTorch's" if backend == "torch" else "ONNX Runtime's")
+        refuse_openvino_options(openvino_options, "PyTorch" if backend == "torch" else "ONNX Runtime")
     speculator = speculator_for(speculative_config, provider, threads)
     if tool_call_parser not in (None, "auto", *TOOL_CALL_PARSERS):
         choices = ", ".join(["auto", *TOOL_CALL_PARSERS])
@@ -246,7 +250,7 @@ def load_service(
         model = class_for_task(task).from_pretrained(folder, provider, **options)
         if task in EncoderService.kinds:
             return EncoderService(name, tokenizer, model, task)
-        step_model = serving_step_model(model, kv_cache_dtype)
+        step_model = serving_step_model(model, openvino_options)
         check_draft(speculator, step_model.vocab_size)
         scheduler = Scheduler(
             step_model,
@@ -277,20 +281,39 @@ def load_service(
     raise ValueError(f"backend must be 'onnx' or 'torch', got {backend!r}.")
 
 
-def serving_step_model(model: Any, kv_cache_dtype: str) -> Any:
-    """The decoder runtime's step model; `kv_cache_dtype` other than "auto" only where its cache is OpenVINO's."""
-    if kv_cache_dtype == "auto":
+def paged_options(kv_cache_dtype: str, int8_activations: bool) -> dict[str, Any]:
+    """The options of OpenVINO's paged batch that differ from its defaults, as its `step_model` takes them."""
+    options: dict[str, Any] = {}
+    if kv_cache_dtype != "auto":
+        options["kv_cache_dtype"] = kv_cache_dtype
+    if not int8_activations:
+        options["int8_activations"] = False
+    return options
+
+
+def serving_step_model(model: Any, openvino_options: dict[str, Any]) -> Any:
+    """The decoder runtime's step model; `openvino_options` (`paged_options`) only where it is OpenVINO's."""
+    if not openvino_options:
         return model.decoder_runtime.step_model()
     if model.decoder_runtime.engine != "openvino":
-        refuse_kv_cache_dtype(kv_cache_dtype, "ONNX Runtime's")
-    return model.decoder_runtime.step_model(kv_cache_dtype=kv_cache_dtype)
+        refuse_openvino_options(openvino_options, "ONNX Runtime")
+    return model.decoder_runtime.step_model(**openvino_options)
 
 
-def refuse_kv_cache_dtype(kv_cache_dtype: str, whose: str) -> None:
-    if kv_cache_dtype != "auto":
+# Each option of OpenVINO's paged batch: its flag, and what the other runtimes do instead.
+OPENVINO_OPTIONS = {
+    "kv_cache_dtype": ("--kv-cache-dtype", "keeps its cache in the model's precision"),
+    "int8_activations": ("--openvino-int8-activations", "computes its products as the export's graph says"),
+}
+
+
+def refuse_openvino_options(options: dict[str, Any], runtime: str) -> None:
+    """A ValueError naming the first of `options` set where the step model is not OpenVINO's paged batch."""
+    for name, value in options.items():
+        flag, instead = OPENVINO_OPTIONS[name]
         raise ValueError(
-            f"kv_cache_dtype={kv_cache_dtype!r} sets the paged cache of engine='openvino' (--engine openvino); "
-            f"{whose} cache keeps the model's precision. Leave it at 'auto' here."
+            f"{name}={value!r} ({flag}) sets the paged batch of engine='openvino' (--engine openvino); {runtime} "
+            f"{instead}. Leave it at its default here."
         )
 
 

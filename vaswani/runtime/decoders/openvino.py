@@ -146,13 +146,21 @@ class OpenVinoRuntime(PortableRuntime):
         loop = (logits_processor, stopping_criteria, generation_config)
         return held_cache_sample(self.openvino, input_ids, attention_mask, position_ids, *loop)
 
-    def step_model(self, kv_cache_dtype: str = "auto") -> "PagedStepModel | OpenVinoStepModel":
-        """The paged batch (`paged.PagedStepModel`, its cache in `kv_cache_dtype`: "auto" (float16), "float32" or "float16")
-        where the graph takes the paged form, else the stateful one."""
+    def step_model(
+        self, kv_cache_dtype: str = "auto", int8_activations: bool = True
+    ) -> "PagedStepModel | OpenVinoStepModel":
+        """The paged batch (`paged.PagedStepModel`, its cache in `kv_cache_dtype`: "auto" (float16), "float32" or
+        "float16"; with `int8_activations=False`, float activations in every call) where the graph takes the paged
+        form, else the stateful one."""
         check_kv_cache_dtype(kv_cache_dtype)  # before the fallback below, which would hide it
         try:
-            return PagedStepModel(self.model, self, kv_cache_dtype)
+            return PagedStepModel(self.model, self, kv_cache_dtype, int8_activations)
         except (ValueError, RuntimeError) as error:
+            if not int8_activations:
+                raise ValueError(
+                    f"int8_activations=False (--openvino-int8-activations off) sets the paged batch, which this "
+                    f"graph cannot take ({error}); serve it with int8 activations on."
+                ) from error
             logger.info(
                 "serving with OpenVINO's stateful batch (a copy of the cache at each join and leave): %s", error
             )

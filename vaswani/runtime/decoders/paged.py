@@ -203,12 +203,11 @@ class PagedStepModel:
     docstring). Built where `make_paged` takes the graph; `OpenVinoRuntime.step_model` falls back to the stateful
     batch elsewhere, and says why in the log."""
 
-    def __init__(self, model: Any, runtime: Any, kv_cache_dtype: str = "auto"):
+    def __init__(self, model: Any, runtime: Any, kv_cache_dtype: str = "auto", int8_activations: bool = True):
         check_kv_cache_dtype(kv_cache_dtype)
         decoder = runtime.openvino
         self.vocab_size = model.manifest["vocab_size"]
         self.context_length = context_length(model.config)
-        self.description = runtime.description
         core, graph = read_graph(decoder.path)
         make_paged(graph, model.manifest)  # a ValueError (or OpenVINO's RuntimeError) where it cannot
         cache_type = KV_CACHE_DTYPES[kv_cache_dtype]
@@ -218,7 +217,19 @@ class PagedStepModel:
             "INFERENCE_NUM_THREADS": int(decoder.threads),
             "KV_CACHE_PRECISION": cache_type,
         }
+        if not int8_activations:
+            # The CPU plugin quantizes the activations of int8/int4 weights' products to int8 in calls of several
+            # tokens (prompts, steps of several rows, speculative verification) but not in a one-row step, so a
+            # sequence's tokens can depend on the rows it shares steps with. Float activations everywhere make every
+            # call compute alike, at the cost of slower prompts.
+            properties["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
+            logger.info("paged batch: float activations in every call (int8_activations=False)")
         self.compiled = core.compile_model(graph, "CPU", properties)
+        # What runs where, as `vaswani serve` prints it at start (the runtime's own line is offline `generate`'s).
+        activations = "" if int8_activations else ", float activations"
+        self.description = (
+            f"every call in OpenVINO's paged graph ({decoder.precision}{activations}), the KV cache in {cache_type} blocks"
+        )
         self.request = self.compiled.create_infer_request()
         names = [port.get_any_name() for port in self.compiled.inputs if "_cache." in port.get_any_name()]
         self.pool = BlockPool(self.compiled, self.request, names, CACHE_ARRAYS[cache_type])
