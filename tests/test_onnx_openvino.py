@@ -315,7 +315,8 @@ def test_serve_engine_openvino_answers_a_chat_like_offline_generate(tiny_chat_pa
         http.close()
         process.terminate()
         log = process.communicate(timeout=60)[0].decode()
-    assert route_description("OpenVINO (f32)") in log, log
+    # The served batch is the paged one: every call OpenVINO's (offline `generate` takes the route instead).
+    assert "every call in OpenVINO's paged graph (f32), the KV cache in f16 blocks" in log, log
     tokenizer = AutoTokenizer.from_pretrained(tiny_chat_pair["pytorch"])
     offline = AutoModelForCausalLM.from_pretrained(tiny_chat_pair["pytorch"]).eval()
     prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
