@@ -300,20 +300,23 @@ def serving_step_model(model: Any, openvino_options: dict[str, Any]) -> Any:
     return model.decoder_runtime.step_model(**openvino_options)
 
 
-# Each option of OpenVINO's paged batch: its flag, and what the other runtimes do instead.
+# Each option of OpenVINO's paged batch (as its `step_model` names it): `load_service`'s name for it, its flag, and
+# what the other runtimes do instead.
 OPENVINO_OPTIONS = {
-    "kv_cache_dtype": ("--kv-cache-dtype", "keeps its cache in the model's precision"),
-    "int8_activations": ("--openvino-int8-activations", "computes its products as the export's graph says"),
+    "kv_cache_dtype": ("kv_cache_dtype", "--kv-cache-dtype", "keeps its cache in the model's precision"),
+    "int8_activations": (
+        "openvino_int8_activations", "--openvino-int8-activations", "computes its products as the export's graph says"
+    ),
 }
 
 
 def refuse_openvino_options(options: dict[str, Any], runtime: str) -> None:
     """A ValueError naming the first of `options` set where the step model is not OpenVINO's paged batch."""
     for name, value in options.items():
-        flag, instead = OPENVINO_OPTIONS[name]
+        parameter, flag, instead = OPENVINO_OPTIONS[name]
         raise ValueError(
-            f"{name}={value!r} ({flag}) sets the paged batch of engine='openvino' (--engine openvino); {runtime} "
-            f"{instead}. Leave it at its default here."
+            f"{parameter}={value!r} ({flag}) sets the paged batch of engine='openvino' (--engine openvino); "
+            f"{runtime} {instead}. Leave it at its default here."
         )
 
 
