@@ -120,7 +120,8 @@ def main() -> None:
         speculator = Speculator(config)
         speculative, speculative_seconds = run_conversations(service, speculator, args.max_tokens)
         # Identical in exact arithmetic; a quantized kernel may round a several-token call differently from a
-        # one-token call (ONNX Runtime's int8 GroupQueryAttention form does), which can flip a near tie.
+        # one-token call (ONNX Runtime's int8 GroupQueryAttention form does, and OpenVINO's int8 activations unless
+        # --openvino-int8-activations off), which can flip a near tie.
         identical = sum(a == b for a, b in zip(plain, speculative))
         tokens = sum(len(reply) for reply in plain)
         stats = speculator.stats()

@@ -111,9 +111,12 @@ def compute_precision(
             from vaswani.runtime.decoders.paged import KV_CACHE_DTYPES  # what vaswani serve's paged cache takes
 
             flags = list(spec.flags)
-            asked = flags[flags.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in flags else "auto"
-            cache = KV_CACHE_DTYPES[asked]
-            rounded = spec.weights != "fp32" and "--openvino-int8-activations" not in flags
+
+            def asked(flag: str, default: str) -> str:
+                return flags[flags.index(flag) + 1] if flag in flags else default
+
+            cache = KV_CACHE_DTYPES[asked("--kv-cache-dtype", "auto")]
+            rounded = spec.weights != "fp32" and asked("--openvino-int8-activations", "on") == "on"
             activations = ", int8 activations in groups of 32 (the CPU plugin's default)" if rounded else ""
             return f"{weights}, {openvino_precision} compute{activations}, {cache} KV cache (OpenVINO, portable export)"
         if spec.weights == "fp32":

@@ -205,17 +205,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.engine != "onnxruntime" and not args.ray and args.backend == "onnx":
         options.update(engine=args.engine, openvino_precision=args.openvino_precision)
-    # The options of --engine openvino's paged batch, where set: the serving loader refuses them with the fix where
-    # the batch is not OpenVINO's; Ray's replicas do not take them.
-    paged = {"--kv-cache-dtype": ("kv_cache_dtype", args.kv_cache_dtype, "auto")}
-    paged["--openvino-int8-activations"] = ("openvino_int8_activations", args.openvino_int8_activations == "on", True)
-    for flag, (option, value, default) in paged.items():
-        if value == default:
-            continue
-        if args.ray or args.backend != "onnx":
-            print(f"error: {flag} sets --engine openvino's paged batch; it serves without --ray.", file=sys.stderr)
-            return 2
-        options[option] = value
+    # --engine openvino's paged batch: `load_service` refuses these with the fix where the batch is not OpenVINO's;
+    # Ray's replicas do not take them.
+    paged = dict(kv_cache_dtype=args.kv_cache_dtype, openvino_int8_activations=args.openvino_int8_activations == "on")
+    if args.ray and paged != dict(kv_cache_dtype="auto", openvino_int8_activations=True):
+        print(
+            "error: --kv-cache-dtype and --openvino-int8-activations set --engine openvino's paged batch; it serves "
+            "without --ray.",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.ray:
+        options.update(paged)
     try:
         if args.ray:
             from ..serving.ray_app import load_runtime_env, serve_with_ray
