@@ -108,14 +108,14 @@ def compute_precision(
     if spec.family == "vaswani":
         weights = {"fp32": "fp32 weights", "int8": "int8 weights", "int4": "int4 weights"}[spec.weights]
         if spec.runtime == "openvino":
-            from vaswani.runtime.decoders.paged import KV_CACHE_DTYPES  # what vaswani serve's paged cache takes
+            from vaswani.runtime.decoders.paged import kv_cache_type  # what vaswani serve's paged cache takes
 
             flags = list(spec.flags)
 
             def asked(flag: str, default: str) -> str:
                 return flags[flags.index(flag) + 1] if flag in flags else default
 
-            cache = KV_CACHE_DTYPES[asked("--kv-cache-dtype", "auto")]
+            cache = kv_cache_type(asked("--kv-cache-dtype", "auto"), openvino_precision)
             rounded = spec.weights != "fp32" and asked("--openvino-int8-activations", "on") == "on"
             activations = ", int8 activations in groups of 32 (the CPU plugin's default)" if rounded else ""
             return f"{weights}, {openvino_precision} compute{activations}, {cache} KV cache (OpenVINO, portable export)"

@@ -438,8 +438,8 @@ def test_a_run_builds_every_workload_at_every_rate_with_a_warm_up_each():
 
 def test_openvino_rows_name_their_kv_cache_and_int8_activations():
     """The labels say what each OpenVINO-backed server computes with: vaswani's paged cache in the precision its flags
-    ask for (f16 by default, the paged cache's `KV_CACHE_DTYPES["auto"]`), OpenVINO GenAI's as its shim reports
-    the CPU plugin's defaults."""
+    ask for (by default the compute precision's 16-bit type, `kv_cache_type("auto", ...)`: f16 at f32 compute, bf16
+    at bf16), OpenVINO GenAI's as its shim reports the CPU plugin's defaults."""
     plain = compute_precision(engine_spec("vaswani-int8-openvino", {}), "f32")
     half = compute_precision(engine_spec("vaswani-int8-openvino+kvf16", {}), "f32")
     full = compute_precision(engine_spec("vaswani-int8-openvino+kvf32", {}), "f32")
@@ -448,7 +448,9 @@ def test_openvino_rows_name_their_kv_cache_and_int8_activations():
     floats = compute_precision(engine_spec("vaswani-int8-openvino+floatact", {}), "f32")
     assert "int8 activations" not in floats and "f16 KV cache" in floats
     assert "int8 activations" not in compute_precision(engine_spec("vaswani-fp32-openvino", {}), "f32")
-    assert "f16 KV cache" in compute_precision(engine_spec("vaswani-int8-openvino", {}), "bf16")
+    assert "bf16 KV cache" in compute_precision(engine_spec("vaswani-int8-openvino", {}), "bf16")
+    with pytest.raises(ValueError, match="--openvino-precision f32"):  # no float32 cache at bf16 compute
+        compute_precision(engine_spec("vaswani-int8-openvino+kvf32", {}), "bf16")
     settings = {"kv_cache_precision": "u8", "dynamic_quantization_group_size": "32"}
     genai = compute_precision(engine_spec("openvino-int8", {}), "f32", "f32", settings)
     assert genai == "int8 weights (NNCF), f32 compute, int8 activations in groups of 32, u8 KV cache (OpenVINO GenAI)"

@@ -30,7 +30,8 @@ SHAPE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, max_p
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, object]:
-    """Portable fp32 exports of a tiny grouped-query decoder (head_dim 16), one per position kind."""
+    """Portable fp32 exports of a tiny grouped-query decoder (head_dim 16), one per position kind (and, as
+    "<kind> source", the PyTorch folder each came from)."""
     root = tmp_path_factory.mktemp("paged")
     made = {}
     for positions in ("rope", "learned", "alibi"):
@@ -38,6 +39,7 @@ def folders(tmp_path_factory) -> dict[str, object]:
         source = root / positions
         config = tiny_decoder_config(position_embedding_type=positions, **SHAPE)
         VaswaniForCausalLM(config).eval().save_pretrained(source)
+        made[f"{positions} source"] = source
         made[positions] = export_onnx(source, root / f"{positions}-onnx", task="text-generation", validate=False).folder
     return made
 
@@ -239,6 +241,59 @@ def test_a_graph_without_position_ids_is_served_by_the_stateful_batch_and_the_lo
         step = model.decoder_runtime.step_model()
     assert isinstance(step, OpenVinoStepModel)
     assert "stateful batch" in caplog.text and "position_ids" in caplog.text
+
+
+def test_only_a_graph_the_paged_form_refuses_falls_back_to_the_stateful_batch(folders, monkeypatch):
+    """Any other failure to build the paged batch is raised, not served around: a pool OpenVINO refuses to bind (as
+    it refused float16 blocks at bf16 compute, which left every bfloat16 CPU on the slower stateful batch unseen)."""
+    model = OrtModelForCausalLM.from_pretrained(folders["rope"], engine="openvino", openvino_precision="f32")
+
+    def refused(self, blocks):
+        raise RuntimeError("ParameterMismatch: Failed to set tensor")
+
+    monkeypatch.setattr(paged.BlockPool, "grow", refused)
+    with pytest.raises(RuntimeError, match="ParameterMismatch"):
+        model.decoder_runtime.step_model()
+
+
+def test_kv_cache_types_follow_what_openvinos_paged_attention_takes_at_each_compute_precision():
+    """"auto" is the compute precision's 16-bit type; a type the kernel does not take there is refused with the
+    types it takes and the precision that would take it."""
+    assert paged.kv_cache_type("auto", "f32") == "f16" and paged.kv_cache_type("float32", "f32") == "f32"
+    assert paged.kv_cache_type("auto", "bf16") == "bf16" == paged.kv_cache_type("bfloat16", "bf16")
+    with pytest.raises(ValueError, match="'float32' is not available at OpenVINO's bf16 compute.*'auto', 'bfloat16'"):
+        paged.kv_cache_type("float32", "bf16")
+    with pytest.raises(ValueError, match="--openvino-precision bf16"):
+        paged.kv_cache_type("bfloat16", "f32")
+
+
+@pytest.mark.skipif(
+    "BF16" not in __import__("openvino").Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"),
+    reason="OpenVINO computes bf16 natively only on CPUs with AVX512_BF16 or AMX",
+)
+def test_bf16_compute_serves_the_paged_batch_with_a_bfloat16_cache(folders):
+    """At bf16 compute (what "auto" picks on CPUs with bfloat16) the step model is the paged batch, its pool in
+    bfloat16, the one type OpenVINO's paged attention takes there. Its logits, prefill and decoding steps, are within
+    the half-precision rule of the PyTorch model's in bfloat16 over the same tokens (3x that model's own bfloat16
+    error against its float32 logits)."""
+    model = OrtModelForCausalLM.from_pretrained(folders["rope"], engine="openvino", openvino_precision="bf16")
+    step = model.decoder_runtime.step_model()
+    assert isinstance(step, paged.PagedStepModel) and step.pool.cache_type == "bf16"
+    assert step.description.endswith("paged graph (bf16), the KV cache in bf16 blocks")
+    with pytest.raises(ValueError, match="openvino_precision='f32'"):
+        model.decoder_runtime.step_model(kv_cache_dtype="float32")
+    prompt = torch.randint(3, 60, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    _, logits, answer = greedy_answer(step, step.prefill_group(["x"], [prompt]), 12)
+    source = VaswaniForCausalLM.from_pretrained(folders["rope source"]).eval()
+    ids = torch.tensor([prompt + answer[:-1]])
+    with torch.no_grad():
+        float32 = source(input_ids=ids).logits[0, len(prompt) - 1 :]
+        bfloat16 = source.to(torch.bfloat16)(input_ids=ids).logits[0, len(prompt) - 1 :].float()
+    own_error = float((bfloat16 - float32).abs().max())
+    kind, tolerance = TOLERANCES["fp16"]
+    allowed = allowed_difference(kind, tolerance, float(float32.abs().max()), source.config.num_hidden_layers, own_error)
+    difference = float(np.abs(np.stack(logits) - bfloat16.numpy()).max())
+    assert difference <= allowed, (difference, allowed)
 
 
 def test_a_failing_fused_step_runs_the_chunk_and_the_step_apart(folders, monkeypatch, caplog):

@@ -61,7 +61,9 @@ def step_models(folders):
                 models[form] = TorchStepModel(VaswaniForCausalLM.from_pretrained(folders[form]))
             elif form == "openvino":  # the portable export, OpenVINO holding the batch's cache between steps
                 pytest.importorskip("openvino")
-                model = OrtModelForCausalLM.from_pretrained(folders["portable"], engine="openvino")
+                # In f32: greedy speculation keeps plain decoding's tokens only where a verification call computes
+                # what one-token steps do, which OpenVINO's bf16 kernels ("auto" on CPUs with bfloat16) do not.
+                model = OrtModelForCausalLM.from_pretrained(folders["portable"], engine="openvino", openvino_precision="f32")
                 models[form] = model.decoder_runtime.step_model()
             else:
                 model = OrtModelForCausalLM.from_pretrained(folders[form], session_options=default_session_options(1))

@@ -108,11 +108,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--kv-cache-dtype",
-        choices=("auto", "float32", "float16"),
+        choices=("auto", "float32", "float16", "bfloat16"),
         default="auto",
-        help="with --engine openvino: the precision of its paged KV cache (auto: float16, which holds half float32's "
-        "bytes, so each decoding step reads half as much of it, at no measured perplexity cost; float32 for a cache "
-        "at full precision)",
+        help="with --engine openvino: the precision of its paged KV cache (auto: 16 bits, which hold half float32's "
+        "bytes, so each decoding step reads half as much of it: float16 at f32 compute, at no measured perplexity "
+        "cost, and bfloat16 at bf16 compute, the only type OpenVINO's paged attention takes there; float32 for a "
+        "cache at full precision, at f32 compute)",
     )
     parser.add_argument(
         "--openvino-int8-activations",

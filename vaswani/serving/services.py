@@ -213,8 +213,8 @@ def load_service(
     `max_num_batched_tokens` tokens per iteration (decode tokens and a prompt chunk) and keeps prompt prefixes' keys
     and values in a prefix cache of `prefix_cache_bytes` (0: none); `speculative_config` turns on speculative
     decoding (vLLM's `--speculative-config` JSON or a dict, `speculation.SpeculativeConfig`: prompt lookup or a draft
-    model; default off). `kv_cache_dtype` ("auto", "float32", "float16") is the paged cache's under
-    `engine="openvino"` ("auto": float16); `openvino_int8_activations=False` gives its products of int8/int4 weights
+    model; default off). `kv_cache_dtype` is the paged cache's under `engine="openvino"` ("auto": float16 at f32
+    compute, bfloat16 at bf16; "float32" or "float16" at f32, "bfloat16" at bf16); `openvino_int8_activations=False` gives its products of int8/int4 weights
     float activations in every call, so that a sequence's tokens do not depend on the rows it shares steps with and
     greedy speculation keeps plain decoding's tokens (prompts compute slower). The scheduler is not started."""
     check_kv_cache_dtype(kv_cache_dtype)  # before the model loads

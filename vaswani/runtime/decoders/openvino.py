@@ -30,7 +30,7 @@ from ..openvino import (
     route_description,
     unreadable_form_refusal,
 )
-from .paged import PagedStepModel, check_kv_cache_dtype
+from .paged import NotPageable, PagedStepModel
 from .portable import Array, OrtStepModel, PortableRuntime, RunningBatch
 
 logger = logging.getLogger(__name__)
@@ -149,13 +149,13 @@ class OpenVinoRuntime(PortableRuntime):
     def step_model(
         self, kv_cache_dtype: str = "auto", int8_activations: bool = True
     ) -> "PagedStepModel | OpenVinoStepModel":
-        """The paged batch (`paged.PagedStepModel`, its cache in `kv_cache_dtype`: "auto" (float16), "float32" or
-        "float16"; with `int8_activations=False`, float activations in every call) where the graph takes the paged
-        form, else the stateful one."""
-        check_kv_cache_dtype(kv_cache_dtype)  # before the fallback below, which would hide it
+        """The paged batch (`paged.PagedStepModel`, its cache in `kv_cache_dtype`: "auto" (the compute precision's
+        16-bit type: float16 at f32 compute, bfloat16 at bf16), "float32" or "float16" at f32 compute, "bfloat16" at
+        bf16; with `int8_activations=False`, float activations in every call) where the graph takes the paged form,
+        else the stateful one. Only a graph the paged form refuses falls back: any other failure is raised."""
         try:
             return PagedStepModel(self.model, self, kv_cache_dtype, int8_activations)
-        except (ValueError, RuntimeError) as error:
+        except NotPageable as error:
             if not int8_activations:
                 raise ValueError(
                     f"int8_activations=False (--openvino-int8-activations off) sets the paged batch, which this "

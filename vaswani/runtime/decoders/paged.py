@@ -28,19 +28,47 @@ from .portable import context_length
 
 logger = logging.getLogger(__name__)
 
-# `kv_cache_dtype` (vLLM's name) -> OpenVINO's KV_CACHE_PRECISION. "auto" is float16 at every compute precision: it
-# halves the bytes a decoding step reads of the cache (a 16-row step at 200 tokens of SmolLM2-135M int8: 34 against
-# 41 ms) and measured no loss (docs/results/kv_cache_quality_{fp32,int8}_avx512.md: perplexity as the server decodes,
-# against a float32 cache, +0.0% on the fp32 export and +0.1% pooled on int8, tuning and held-out texts alike).
+# `kv_cache_dtype` (vLLM's name) -> OpenVINO's KV_CACHE_PRECISION, by compute precision: OpenVINO's paged-attention
+# kernel takes only some cache types at each (OpenVINO 2026.4's CPU plugin: f32 or f16 at f32 compute; bf16 at bf16
+# compute, where an f32 cache fails to compile and an f16 one is read back as asked but its inputs come out bf16).
+# "auto" is the 16-bit type: it halves the bytes a decoding step reads of the cache (a 16-row step at 200 tokens of
+# SmolLM2-135M int8 at f32 compute: 34 against 41 ms) and measured no loss at f32 compute
+# (docs/results/kv_cache_quality_{fp32,int8}_avx512.md: perplexity as the server decodes, against a float32 cache,
+# +0.0% on the fp32 export and +0.1% pooled on int8, tuning and held-out texts alike).
 # OpenVINO's own default, u8, stores scales inside blocks, which the prefix cache's token ranges cannot cut: not offered.
-KV_CACHE_DTYPES = {"auto": "f16", "float32": "f32", "float16": "f16"}
-CACHE_ARRAYS = {"f32": np.float32, "f16": np.float16}
+KV_CACHE_TYPES = {
+    "f32": {"auto": "f16", "float16": "f16", "float32": "f32"},
+    "bf16": {"auto": "bf16", "bfloat16": "bf16"},
+}
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+# The pool's numpy arrays by cache type; numpy has no bfloat16, so its blocks are held as their 16 bits
+# (`BlockPool.grow` hands them to OpenVINO as bf16).
+CACHE_ARRAYS = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
 
 
 def check_kv_cache_dtype(kv_cache_dtype: str) -> None:
     """Raise a ValueError naming the choices for a `kv_cache_dtype` not in `KV_CACHE_DTYPES`."""
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported; use one of {list(KV_CACHE_DTYPES)}.")
+
+
+def kv_cache_type(kv_cache_dtype: str, precision: str) -> str:
+    """OpenVINO's type for the paged cache asked for as `kv_cache_dtype` at compute `precision` ("f32" or "bf16"); a
+    ValueError naming the choices where the paged-attention kernel takes no such cache at that precision.
+
+        >>> kv_cache_type("auto", "f32"), kv_cache_type("auto", "bf16")
+        ('f16', 'bf16')
+    """
+    check_kv_cache_dtype(kv_cache_dtype)
+    types = KV_CACHE_TYPES[precision]
+    if kv_cache_dtype not in types:
+        other = next(compute for compute, taken in KV_CACHE_TYPES.items() if kv_cache_dtype in taken)
+        raise ValueError(
+            f"kv_cache_dtype={kv_cache_dtype!r} is not available at OpenVINO's {precision} compute, whose paged "
+            f"attention takes {', '.join(repr(name) for name in types)}; use one of those, or compute in {other} "
+            f"(openvino_precision={other!r}, `vaswani serve --openvino-precision {other}`) for a {kv_cache_dtype} cache."
+        )
+    return types[kv_cache_dtype]
 
 
 # The pool's first size, in bytes of cache reserved rather than used: numpy's zeroed arrays of this size are mapped
@@ -58,8 +86,14 @@ class BlockPool:
     """The cache tensors of the paged graph, (blocks, kv_heads, block_size, head_dim) each, bound to its infer request
     by shared memory, and which of their blocks are free."""
 
-    def __init__(self, compiled: Any, request: Any, names: list[str], dtype: np.dtype):
-        self.request, self.names, self.dtype = request, names, dtype
+    def __init__(self, compiled: Any, request: Any, names: list[str]):
+        self.request, self.names = request, names
+        # The type the cache was compiled in, which the plugin may choose otherwise than it was asked.
+        self.element_type = compiled.input(names[0]).get_element_type()
+        self.cache_type = self.element_type.get_type_name()
+        if self.cache_type not in CACHE_ARRAYS:
+            raise ValueError(f"OpenVINO compiled the paged KV cache in {self.cache_type}, which the pool cannot hold.")
+        self.dtype = np.dtype(CACHE_ARRAYS[self.cache_type])
         shape = compiled.input(names[0]).get_partial_shape()
         self.heads, self.block_size, self.head_dim = (shape[axis].get_length() for axis in (1, 2, 3))
         self.arrays: list[np.ndarray] = []
@@ -91,7 +125,8 @@ class BlockPool:
             array = np.zeros(shape, dtype=self.dtype)
             if old:
                 array[:old] = self.arrays[index]
-            self.request.set_tensor(name, openvino.Tensor(array, shared_memory=True))
+            tensor = openvino.Tensor(array, openvino.Shape(shape), self.element_type)  # shares `array`
+            self.request.set_tensor(name, tensor)
             arrays.append(array)
         self.arrays = arrays
         self.references.extend([0] * (blocks - old))
@@ -198,19 +233,26 @@ class SharedBlocks:
         self.pool.release([block])
 
 
+class NotPageable(ValueError):
+    """The graph does not take the paged form (`make_paged` refused it): `OpenVinoRuntime.step_model` falls back to
+    the stateful batch for it. Nothing else does: any other failure to build the paged batch is raised as it is."""
+
+
 class PagedStepModel:
     """The server's step model of `engine="openvino"`: prompts and decode steps in the paged graph (see the module's
-    docstring). Built where `make_paged` takes the graph; `OpenVinoRuntime.step_model` falls back to the stateful
-    batch elsewhere, and says why in the log."""
+    docstring). Built where `make_paged` takes the graph (else `NotPageable`); `OpenVinoRuntime.step_model` falls back
+    to the stateful batch elsewhere, and says why in the log."""
 
     def __init__(self, model: Any, runtime: Any, kv_cache_dtype: str = "auto", int8_activations: bool = True):
-        check_kv_cache_dtype(kv_cache_dtype)
         decoder = runtime.openvino
+        cache_type = kv_cache_type(kv_cache_dtype, decoder.precision)
         self.vocab_size = model.manifest["vocab_size"]
         self.context_length = context_length(model.config)
         core, graph = read_graph(decoder.path)
-        make_paged(graph, model.manifest)  # a ValueError (or OpenVINO's RuntimeError) where it cannot
-        cache_type = KV_CACHE_DTYPES[kv_cache_dtype]
+        try:
+            make_paged(graph, model.manifest)
+        except (ValueError, RuntimeError) as error:  # OpenVINO's own transformation raises a RuntimeError
+            raise NotPageable(str(error)) from error
         logger.info("paged KV cache in %s (kv_cache_dtype=%s)", cache_type, kv_cache_dtype)
         properties = {
             "INFERENCE_PRECISION_HINT": OPENVINO_TYPES[decoder.precision],
@@ -224,15 +266,24 @@ class PagedStepModel:
             # call compute alike, at the cost of slower prompts.
             properties["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
             logger.info("paged batch: float activations in every call (int8_activations=False)")
-        self.compiled = core.compile_model(graph, "CPU", properties)
+        try:
+            self.compiled = core.compile_model(graph, "CPU", properties)
+        except RuntimeError as error:  # e.g. "bf16" forced on a CPU whose plugin then computes in f32
+            raise RuntimeError(
+                f"OpenVINO could not compile the paged graph at {decoder.precision} compute with its KV cache in "
+                f"{cache_type}; where the CPU lacks bfloat16, serve with --openvino-precision f32. {error}"
+            ) from error
+        self.request = self.compiled.create_infer_request()
+        names = [port.get_any_name() for port in self.compiled.inputs if "_cache." in port.get_any_name()]
+        self.pool = BlockPool(self.compiled, self.request, names)
+        if self.pool.cache_type != cache_type:
+            logger.warning("OpenVINO keeps the paged KV cache in %s where %s was asked", self.pool.cache_type, cache_type)
         # What runs where, as `vaswani serve` prints it at start (the runtime's own line is offline `generate`'s).
         activations = "" if int8_activations else ", float activations"
         self.description = (
-            f"every call in OpenVINO's paged graph ({decoder.precision}{activations}), the KV cache in {cache_type} blocks"
+            f"every call in OpenVINO's paged graph ({decoder.precision}{activations}), the KV cache in "
+            f"{self.pool.cache_type} blocks"
         )
-        self.request = self.compiled.create_infer_request()
-        names = [port.get_any_name() for port in self.compiled.inputs if "_cache." in port.get_any_name()]
-        self.pool = BlockPool(self.compiled, self.request, names, CACHE_ARRAYS[cache_type])
         self.prefix_storage = SharedBlocks(self.pool)
         self.logits_port = self.compiled.output("logits")
 
