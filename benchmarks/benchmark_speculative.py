@@ -7,11 +7,14 @@ server's own scheduler and the export's step model (no HTTP in the measurement).
     python -m benchmarks.benchmark_speculative /tmp/smol/onnx-int8 --config '{"num_speculative_tokens": 3}'
     python -m benchmarks.benchmark_speculative /tmp/smol/onnx-int8-attention-portable --engine openvino \
         --openvino-int8-activations off --json docs/results/x.json --markdown docs/results/x.md
+    python -m benchmarks.benchmark_speculative /tmp/smol/onnx-int8-attention-portable --engine openvino \
+        --openvino-precision f32 --openvino-int8-activations off
 
 Prints a Markdown table (with --output, also writes it to that file; with --json, a results page's JSON, and with
 --markdown the page rendered from it). `--engine openvino` serves through OpenVINO's paged batch, whose int8
-activations (`--openvino-int8-activations`, as `vaswani serve` takes it) decide whether a verification call computes
-what a one-token step does.
+activations (`--openvino-int8-activations`, as `vaswani serve` takes it) and compute precision (`--openvino-precision`:
+bf16 kernels round a call of several tokens otherwise than a one-token step) decide whether a verification call
+computes what a one-token step does.
 """
 
 import argparse
@@ -104,11 +107,14 @@ def main() -> None:
     parser.add_argument("--config", default='{"method": "ngram", "num_speculative_tokens": 4}')
     parser.add_argument("--engine", choices=("onnxruntime", "openvino"), default="onnxruntime")
     parser.add_argument("--openvino-int8-activations", choices=("on", "off"), default="on")
+    parser.add_argument("--openvino-precision", choices=("auto", "f32", "bf16"), default="auto")
     parser.add_argument("--output", help="also write the table to this Markdown file")
     parser.add_argument("--json", type=Path, help="also write a results page's JSON here")
     parser.add_argument("--markdown", type=Path, help="with --json: the page rendered from it")
     args = parser.parse_args()
-    options = {"engine": args.engine} if args.engine != "onnxruntime" else {}
+    options = {}
+    if args.engine != "onnxruntime":
+        options = {"engine": args.engine, "openvino_precision": args.openvino_precision}
     if args.openvino_int8_activations == "off":
         options["openvino_int8_activations"] = False
     service = load_service(args.folder, threads=args.threads, **options)

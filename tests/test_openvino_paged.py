@@ -291,7 +291,8 @@ def test_bf16_compute_serves_the_paged_batch_with_a_bfloat16_cache(folders):
         bfloat16 = source.to(torch.bfloat16)(input_ids=ids).logits[0, len(prompt) - 1 :].float()
     own_error = float((bfloat16 - float32).abs().max())
     kind, tolerance = TOLERANCES["fp16"]
-    allowed = allowed_difference(kind, tolerance, float(float32.abs().max()), source.config.num_hidden_layers, own_error)
+    depth = source.config.num_hidden_layers
+    allowed = allowed_difference(kind, tolerance, float(float32.abs().max()), depth, own_error)
     difference = float(np.abs(np.stack(logits) - bfloat16.numpy()).max())
     assert difference <= allowed, (difference, allowed)
 

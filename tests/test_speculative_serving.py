@@ -63,7 +63,9 @@ def step_models(folders):
                 pytest.importorskip("openvino")
                 # In f32: greedy speculation keeps plain decoding's tokens only where a verification call computes
                 # what one-token steps do, which OpenVINO's bf16 kernels ("auto" on CPUs with bfloat16) do not.
-                model = OrtModelForCausalLM.from_pretrained(folders["portable"], engine="openvino", openvino_precision="f32")
+                model = OrtModelForCausalLM.from_pretrained(
+                    folders["portable"], engine="openvino", openvino_precision="f32"
+                )
                 models[form] = model.decoder_runtime.step_model()
             else:
                 model = OrtModelForCausalLM.from_pretrained(folders[form], session_options=default_session_options(1))

@@ -122,8 +122,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --engine openvino on an int8 or int4 export: off gives the weights' products float activations in "
         "every call. OpenVINO otherwise rounds them to int8 in calls of several tokens (prompts, steps of several "
         "rows, speculative verification) but not in a one-row step, so an answer's tokens can depend on the requests "
-        "it shares steps with, and greedy speculation can part from plain decoding; off makes both exact, at the "
-        "cost of slower prompts and of speculation's gain (on)",
+        "it shares steps with, and greedy speculation can part from plain decoding; off makes both exact at f32 "
+        "compute (bf16 kernels round a call of several tokens otherwise too: add --openvino-precision f32 on CPUs "
+        "with bfloat16), at the cost of slower prompts and of speculation's gain (on)",
     )
     parser.add_argument(
         "--prefix-cache-bytes",

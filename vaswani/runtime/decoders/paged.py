@@ -66,7 +66,8 @@ def kv_cache_type(kv_cache_dtype: str, precision: str) -> str:
         raise ValueError(
             f"kv_cache_dtype={kv_cache_dtype!r} is not available at OpenVINO's {precision} compute, whose paged "
             f"attention takes {', '.join(repr(name) for name in types)}; use one of those, or compute in {other} "
-            f"(openvino_precision={other!r}, `vaswani serve --openvino-precision {other}`) for a {kv_cache_dtype} cache."
+            f"(openvino_precision={other!r}, `vaswani serve --openvino-precision {other}`) for a {kv_cache_dtype} "
+            "cache."
         )
     return types[kv_cache_dtype]
 
@@ -277,7 +278,8 @@ class PagedStepModel:
         names = [port.get_any_name() for port in self.compiled.inputs if "_cache." in port.get_any_name()]
         self.pool = BlockPool(self.compiled, self.request, names)
         if self.pool.cache_type != cache_type:
-            logger.warning("OpenVINO keeps the paged KV cache in %s where %s was asked", self.pool.cache_type, cache_type)
+            taken = self.pool.cache_type
+            logger.warning("OpenVINO keeps the paged KV cache in %s where %s was asked", taken, cache_type)
         # What runs where, as `vaswani serve` prints it at start (the runtime's own line is offline `generate`'s).
         activations = "" if int8_activations else ", float activations"
         self.description = (
