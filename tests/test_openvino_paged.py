@@ -297,6 +297,34 @@ def test_bf16_compute_serves_the_paged_batch_with_a_bfloat16_cache(folders):
     assert difference <= allowed, (difference, allowed)
 
 
+def test_a_prompt_joins_the_batch_when_its_own_prefill_ends_not_its_groups(folders, monkeypatch):
+    """A short and a long prompt submitted together are prefilled as one group under a small token budget: the short
+    one joins the batch, and decodes, while the long one's chunks still go in (iterations of the scheduler's own step
+    log that both fed prompt tokens and decoded a row: each of the long prompt's chunks after the short one's), and
+    each answer is the one a scheduler that waits for the whole group gives (f32: the same tokens). With the group
+    waiting, only its last chunk's iteration does both (its rows decode right after), so the check can fail."""
+    from vaswani.serving import SamplingParams
+    from vaswani.serving.scheduler import Scheduler
+
+    model = OrtModelForCausalLM.from_pretrained(folders["rope"], engine="openvino", openvino_precision="f32")
+    step = model.decoder_runtime.step_model()
+    generator = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(3, 60, (length,), generator=generator).tolist() for length in (8, 120)]
+    requests = [(prompt, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)) for prompt in prompts]
+
+    def served() -> tuple[list[list[int]], int]:
+        scheduler = Scheduler(step, max_batch=4, max_num_batched_tokens=32)
+        results = scheduled_results(scheduler, requests)
+        overlapping = sum(1 for fed, decoded in scheduler.step_log if fed and decoded)
+        return [tokens for tokens, _, _ in results], overlapping
+
+    early, overlapping = served()
+    monkeypatch.setattr(paged.PagedPrefill, "take_finished", lambda self: None)
+    waiting, none = served()
+    assert overlapping >= 4 and none == 1, (overlapping, none)
+    assert early == waiting and all(len(tokens) == 6 for tokens in early)
+
+
 def test_a_failing_fused_step_runs_the_chunk_and_the_step_apart(folders, monkeypatch, caplog):
     """Where the one call of a decoding step and a prompt chunk fails, the scheduler logs it and runs the two apart
     (so a bad prompt would fail only its own requests): every answer is still the one the fused steps give."""

@@ -2,7 +2,8 @@
 
 A submitted sequence waits in a bounded queue (`QueueFull` past it: the server answers 429), is prefilled apart from
 the running batch, together with the other waiting prompts that fit (a `Prefill` of the step model, at most
-`max_prefill_tokens` padded tokens), joins the running batch at the next step and leaves it as soon as it finishes or
+`max_prefill_tokens` padded tokens), joins the running batch at the next step (where the step model's prefill hands
+over the prompts already in, `take_finished`, as soon as its own prompt is in) and leaves it as soon as it finishes or
 its client goes away, without waiting for the others (its `Batch`).
 
 **The token budget** (`max_num_batched_tokens`, vLLM's chunked prefill): each iteration of the loop computes at most
@@ -343,12 +344,20 @@ class Scheduler:
         with self.timed("prefill"):
             logits = group.run(columns)
         self.fed = group.computed - start
+        self._after_chunk(group, logits)
+
+    def _after_chunk(self, group: Prefill, logits: np.ndarray) -> None:
+        """Once the group is in, it joins the batch; before, the prompts already in join where the group can hand
+        them over (`take_finished`: the paged batch, whose rows are independent), so that each request's first
+        token waits for its own prompt only."""
         if group.done:
+            self.prefilling = None
             self._prefilled(group, logits)
+        elif hasattr(group, "take_finished") and (finished := group.take_finished()) is not None:
+            self._prefilled(*finished)
 
     def _prefilled(self, group: Prefill, logits: np.ndarray) -> None:
         """The group's prompts are in: their first tokens from `logits` (rows, vocab), and they join the batch."""
-        self.prefilling = None
         with self.timed("sampling"):
             tokens = choose_tokens(logits, group.rows)
         self._accept(group.rows, tokens)
@@ -402,8 +411,7 @@ class Scheduler:
             return
         self.fed = group.computed - start
         self._decoded(rows, logits, masks)
-        if group.done:
-            self._prefilled(group, prompt_logits)
+        self._after_chunk(group, prompt_logits)
 
     def _step_inputs(self, rows: list[Sequence]) -> tuple[np.ndarray, Any]:
         """Each row's last token, and its grammar's mask for the next one being computed (None without grammars)."""

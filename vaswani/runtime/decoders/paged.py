@@ -16,6 +16,7 @@ read the whole batch's cache out of OpenVINO and wrote it back at every join and
     >>> batch = step.new_batch(); batch.join(group, [0, 1]); batch.step(tokens)
 """
 
+import copy
 import logging
 import math
 import weakref
@@ -331,8 +332,8 @@ class PagedStepModel:
 class PagedPrefill:
     """Prompts prefilled together (the `Prefill` protocol) in the paged graph. Nothing is padded, so `run(columns)`
     feeds up to `columns` x rows tokens, the scheduler's share of its token budget: each prompt's rest (after any
-    cached prefix) in order, a prompt finished before the next begins. A prompt's last token's logits are kept until
-    every prompt is in."""
+    cached prefix) in order, a prompt finished before the next begins. The prompts already in leave the group
+    (`take_finished`) to join the running batch while the others go on."""
 
     def __init__(
         self,
@@ -392,6 +393,21 @@ class PagedPrefill:
             if self.fed[row] == len(self.rests[row]):
                 self.last_logits[row] = row_logits
         return np.stack(self.last_logits) if self.done else logits
+
+    def take_finished(self) -> tuple["PagedPrefill", np.ndarray] | None:
+        """The prompts already in while others are not, moved to a group of their own (done), with their last
+        tokens' logits (rows, vocab): so that each prompt joins the running batch, and its first token is sampled,
+        when its own prefill ends rather than the whole group's, as OpenVINO GenAI's and vLLM's schedulers do (16
+        prompts arriving at once would otherwise all wait for the last). None where no prompt or every one is in."""
+        finished = [row for row, logits in enumerate(self.last_logits) if logits is not None]
+        if not finished or len(finished) == len(self.rests):
+            return None
+        part = copy.copy(self)
+        for name in ("rows", "states", "rests", "fed", "last_logits"):
+            values = getattr(self, name)
+            setattr(part, name, [values[row] for row in finished])
+            setattr(self, name, [value for row, value in enumerate(values) if row not in finished])
+        return part, np.stack(part.last_logits)
 
     def keep(self, rows: list[int]) -> tuple[list[Any], list[PagedRow]]:
         """The rows listed with their caches, to join a `PagedBatch`; the others' blocks go back to the pool."""
