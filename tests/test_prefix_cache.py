@@ -227,15 +227,19 @@ def test_eviction_under_a_tiny_budget_serves_nothing_wrong_and_stays_under_it(ru
 
 
 def long_prompt_beside_streams(step_model, budget: int, streams: list[list[int]], long_prompt: list[int]):
-    """The answers of two streams and of a long prompt sent once both stream, and the step log from then on."""
+    """The answers of two streams and of a long prompt sent once both stream, and the step log from then on. The long
+    prompt is submitted from the scheduler thread itself, in the iteration that gives both streams their third token,
+    so that it arrives at the same step whatever the machine's load (sent from the test's thread, it once arrived
+    after a stream had finished, on a loaded 2-core machine)."""
     scheduler = Scheduler(step_model, max_batch=4, max_num_batched_tokens=budget)
-    results, started, finished = [[] for _ in range(3)], threading.Semaphore(0), threading.Semaphore(0)
+    results, finished, joined = [[] for _ in range(3)], threading.Semaphore(0), []
 
     def emitter(index):
         def emit(event):
             results[index].append(event.token)
-            if len(results[index]) == 3:  # the iteration that made its second token is in the log by now
-                started.release()
+            if index < 2 and not joined and all(len(results[stream]) >= 3 for stream in range(2)):
+                joined.append(len(scheduler.step_log))  # this iteration is logged after its tokens are emitted
+                scheduler.submit(long_prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), emitter(2))
             if event.finish_reason is not None:
                 finished.release()
 
@@ -245,15 +249,11 @@ def long_prompt_beside_streams(step_model, budget: int, streams: list[list[int]]
     try:
         for index, prompt in enumerate(streams):
             scheduler.submit(prompt, SamplingParams(max_tokens=80, temperature=0, ignore_eos=True), emitter(index))
-        for _ in streams:
-            assert started.acquire(timeout=30)
-        joined = len(scheduler.step_log)
-        scheduler.submit(long_prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), emitter(2))
         for _ in range(3):
             assert finished.acquire(timeout=60)
     finally:
         scheduler.stop()
-    return results, list(scheduler.step_log)[joined:]
+    return results, list(scheduler.step_log)[joined[0] :]
 
 
 @pytest.mark.parametrize("runtime", ["gqa", "portable", "openvino"])
