@@ -68,6 +68,15 @@ def new_service(folders, **options):
     return load_service(folders[1], threads=1, **options)
 
 
+def slowed(service):
+    """`service` with decoding steps of at least 10 ms, so that LONG tokens take far longer than a test's half-second
+    deadline on any machine (the tiny model decoded them in under half a second on an AMX Xeon, and a stream meant to
+    be cut finished first)."""
+    step = service.scheduler.batch.step
+    service.scheduler.batch.step = lambda tokens: (time.sleep(0.01), step(tokens))[1]
+    return service
+
+
 def chat_body(question: str, **fields) -> dict:
     return {"model": MODEL, "messages": [{"role": "user", "content": question}], "temperature": 0, **fields}
 
@@ -160,7 +169,7 @@ def test_past_the_shutdown_grace_a_running_stream_is_cut_and_the_server_exits(fo
     cancelled, its row freed, and the engine stopped with the app."""
     import uvicorn
 
-    service = new_service(folders)
+    service = slowed(new_service(folders))
     config = uvicorn.Config(create_app(service), host="127.0.0.1", port=0, log_level="warning")
     config.timeout_graceful_shutdown = 0.5
     server = uvicorn.Server(config)
@@ -417,7 +426,7 @@ def test_text_stream_stops_at_a_stop_string_spanning_multi_byte_tokens():
 
 
 def test_request_timeout_ends_the_answer_with_length_and_the_text_so_far(folders, tokenizer):
-    with serving(create_app(new_service(folders), request_timeout=0.5)) as running:
+    with serving(create_app(slowed(new_service(folders)), request_timeout=0.5)) as running:
         client = openai.OpenAI(base_url=running.url + "/v1", api_key="unused")
         for stream in (False, True):
             started = time.monotonic()
