@@ -214,9 +214,10 @@ def load_service(
     and values in a prefix cache of `prefix_cache_bytes` (0: none); `speculative_config` turns on speculative
     decoding (vLLM's `--speculative-config` JSON or a dict, `speculation.SpeculativeConfig`: prompt lookup or a draft
     model; default off). `kv_cache_dtype` is the paged cache's under `engine="openvino"` ("auto": float16 at f32
-    compute, bfloat16 at bf16; "float32" or "float16" at f32, "bfloat16" at bf16); `openvino_int8_activations=False` gives its products of int8/int4 weights
-    float activations in every call, so that a sequence's tokens do not depend on the rows it shares steps with and
-    greedy speculation keeps plain decoding's tokens (prompts compute slower). The scheduler is not started."""
+    compute, bfloat16 at bf16; "float32" or "float16" at f32, "bfloat16" at bf16); `openvino_int8_activations=False`
+    gives its products of int8/int4 weights float activations in every call, so that a sequence's tokens do not
+    depend on the rows it shares steps with and greedy speculation keeps plain decoding's tokens at f32 compute
+    (prompts compute slower). The scheduler is not started."""
     check_kv_cache_dtype(kv_cache_dtype)  # before the model loads
     openvino_options = paged_options(kv_cache_dtype, openvino_int8_activations)
     if backend != "onnx" or engine not in ("openvino", "auto"):  # "auto" is known once the model is loaded

@@ -36,12 +36,13 @@ logger = logging.getLogger(__name__)
 # SmolLM2-135M int8 at f32 compute: 34 against 41 ms) and measured no loss at f32 compute
 # (docs/results/kv_cache_quality_{fp32,int8}_avx512.md: perplexity as the server decodes, against a float32 cache,
 # +0.0% on the fp32 export and +0.1% pooled on int8, tuning and held-out texts alike).
-# OpenVINO's own default, u8, stores scales inside blocks, which the prefix cache's token ranges cannot cut: not offered.
+# OpenVINO's own default, u8, stores scales inside blocks, which the prefix cache's token ranges cannot cut: not
+# offered.
 KV_CACHE_TYPES = {
     "f32": {"auto": "f16", "float16": "f16", "float32": "f32"},
     "bf16": {"auto": "bf16", "bfloat16": "bf16"},
 }
-KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+KV_CACHE_DTYPES = tuple(dict.fromkeys(name for taken in KV_CACHE_TYPES.values() for name in taken))
 # The pool's numpy arrays by cache type; numpy has no bfloat16, so its blocks are held as their 16 bits
 # (`BlockPool.grow` hands them to OpenVINO as bf16).
 CACHE_ARRAYS = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
@@ -90,13 +91,14 @@ class BlockPool:
 
     def __init__(self, compiled: Any, request: Any, names: list[str]):
         self.request, self.names = request, names
+        port = compiled.input(names[0])
         # The type the cache was compiled in, which the plugin may choose otherwise than it was asked.
-        self.element_type = compiled.input(names[0]).get_element_type()
+        self.element_type = port.get_element_type()
         self.cache_type = self.element_type.get_type_name()
         if self.cache_type not in CACHE_ARRAYS:
             raise ValueError(f"OpenVINO compiled the paged KV cache in {self.cache_type}, which the pool cannot hold.")
         self.dtype = np.dtype(CACHE_ARRAYS[self.cache_type])
-        shape = compiled.input(names[0]).get_partial_shape()
+        shape = port.get_partial_shape()
         self.heads, self.block_size, self.head_dim = (shape[axis].get_length() for axis in (1, 2, 3))
         self.arrays: list[np.ndarray] = []
         self.free: list[int] = []
@@ -279,8 +281,7 @@ class PagedStepModel:
         names = [port.get_any_name() for port in self.compiled.inputs if "_cache." in port.get_any_name()]
         self.pool = BlockPool(self.compiled, self.request, names)
         if self.pool.cache_type != cache_type:
-            taken = self.pool.cache_type
-            logger.warning("OpenVINO keeps the paged KV cache in %s where %s was asked", taken, cache_type)
+            logger.warning("OpenVINO keeps the paged KV cache in %s, not %s as asked", self.pool.cache_type, cache_type)
         # What runs where, as `vaswani serve` prints it at start (the runtime's own line is offline `generate`'s).
         activations = "" if int8_activations else ", float activations"
         self.description = (

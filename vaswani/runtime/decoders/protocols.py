@@ -36,6 +36,9 @@ class Prefill(Protocol):
         """Feed the next `columns` columns of the prompts (or, where nothing is padded, up to `columns` x rows of
         their tokens); returns (rows, vocab) float32 logits, each row's last prompt token's once `done`."""
 
+    # Optional, where rows are independent (the paged batch): `take_finished()` -> (a done `Prefill` of the prompts
+    # already in, their last tokens' logits) or None, so that those join the batch while the others go on.
+
     def row_cache(self, row: int, start: int, stop: int) -> Any:
         """Once `done`: the cache of `rows[row]`'s tokens [start, stop) as the server's prefix cache keeps it: a copy,
         (kv_heads, stop - start, head_dim) per cache tensor, or, for a step model with `prefix_storage`, what it
