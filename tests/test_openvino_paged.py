@@ -302,7 +302,7 @@ def test_a_prompt_joins_the_batch_when_its_own_prefill_ends_not_its_groups(folde
     one joins the batch, and decodes, while the long one's chunks still go in (iterations of the scheduler's own step
     log that both fed prompt tokens and decoded a row: each of the long prompt's chunks after the short one's), and
     each answer is the one a scheduler that waits for the whole group gives (f32: the same tokens). With the group
-    waiting, only its last chunk's iteration does both (its rows decode right after), so the check can fail."""
+    waiting, no iteration does both (its rows decode from the iteration after its last chunk), so the check can fail."""
     from vaswani.serving import SamplingParams
     from vaswani.serving.scheduler import Scheduler
 
@@ -321,8 +321,54 @@ def test_a_prompt_joins_the_batch_when_its_own_prefill_ends_not_its_groups(folde
     early, overlapping = served()
     monkeypatch.setattr(paged.PagedPrefill, "take_finished", lambda self: None)
     waiting, none = served()
-    assert overlapping >= 4 and none == 1, (overlapping, none)
+    assert overlapping >= 4 and none == 0, (overlapping, none)
     assert early == waiting and all(len(tokens) == 6 for tokens in early)
+
+
+def test_a_prompt_arriving_mid_prefill_joins_the_group_and_every_call_fills_the_budget(folders, monkeypatch):
+    """A short prompt submitted while a long one is being prefilled joins its group (`PagedPrefill.extend`), so every
+    call feeds the scheduler's whole token budget until both are in: 4 calls of 32 for 120 + 8 tokens, the scheduler's
+    own step log, where a scheduler whose group takes no newcomers needs 5 (32, 32, 32, 24, then 8 in a group of its
+    own). The answers are that scheduler's (f32: the same tokens). Driven an iteration at a time, as the scheduler's
+    thread runs them, so that the arrival lands after the first call."""
+    from vaswani.serving import SamplingParams
+    from vaswani.serving.scheduler import Scheduler
+
+    model = OrtModelForCausalLM.from_pretrained(folders["rope"], engine="openvino", openvino_precision="f32")
+    step = model.decoder_runtime.step_model()
+    generator = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, 60, (length,), generator=generator).tolist() for length in (120, 8)]
+
+    def served() -> tuple[list[list[int]], list[tuple[int, int]]]:
+        scheduler = Scheduler(step, max_batch=4, max_num_batched_tokens=32)
+        answers = [[], []]
+        ended = []
+
+        def submit(index: int) -> None:
+            def emit(event):
+                answers[index].append(event.token)
+                if event.finish_reason:
+                    ended.append(index)
+
+            scheduler.submit(prompts[index], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True), emit)
+
+        submit(0)
+        for iteration in range(40):
+            scheduler._schedule_waiting()
+            scheduler._iteration()
+            if iteration == 0:
+                submit(1)
+            if len(ended) == 2:
+                break
+        prefill = [entry for entry in scheduler.step_log if entry[0]]
+        return answers, prefill
+
+    joined, joined_calls = served()
+    monkeypatch.setattr(Scheduler, "_extend_group", lambda self, group: None)
+    apart, apart_calls = served()
+    assert joined_calls == [(32, 0)] * 4, joined_calls
+    assert [fed for fed, _ in apart_calls] == [32, 32, 32, 24, 8], apart_calls
+    assert joined == apart and all(len(tokens) == 6 for tokens in joined)
 
 
 def test_a_failing_fused_step_runs_the_chunk_and_the_step_apart(folders, monkeypatch, caplog):
@@ -354,8 +400,8 @@ def test_a_failing_fused_step_runs_the_chunk_and_the_step_apart(folders, monkeyp
     fused = answers()
     failures = []
 
-    def failing(self, tokens, group, columns):
-        failures.append(columns)
+    def failing(self, tokens, group, prompt_tokens):
+        failures.append(prompt_tokens)
         raise RuntimeError("a fused call that fails")
 
     monkeypatch.setattr(paged.PagedBatch, "step_with_prefill", failing)

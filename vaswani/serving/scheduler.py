@@ -2,9 +2,10 @@
 
 A submitted sequence waits in a bounded queue (`QueueFull` past it: the server answers 429), is prefilled apart from
 the running batch, together with the other waiting prompts that fit (a `Prefill` of the step model, at most
-`max_prefill_tokens` padded tokens), joins the running batch at the next step (where the step model's prefill hands
-over the prompts already in, `take_finished`, as soon as its own prompt is in) and leaves it as soon as it finishes or
-its client goes away, without waiting for the others (its `Batch`).
+`max_prefill_tokens` padded tokens; where the prefill pads nothing and takes prompts while it runs, `extend`, a
+prompt arriving meanwhile joins it at once), joins the running batch at the next step (where the step model's prefill
+hands over the prompts already in, `take_finished`, as soon as its own prompt is in) and leaves it as soon as it
+finishes or its client goes away, without waiting for the others (its `Batch`).
 
 **The token budget** (`max_num_batched_tokens`, vLLM's chunked prefill): each iteration of the loop computes at most
 that many tokens: one per running sequence (a decoding step) and, with what is left, a chunk of the prompts being
@@ -257,37 +258,62 @@ class Scheduler:
                     self.wakeup.wait()
                 if self.stopping:
                     return
-                if self.prefilling is None and self.waiting and self.busy < self.max_batch:
-                    self._drop_cancelled_waiting()  # a cancelled sequence is never prefilled
-                    if self.waiting:
-                        self.prefilling = self._next_group()
+                self._schedule_waiting()
             try:
                 self._iteration()
             except Exception as error:  # a failing step must not take the server down: fail its sequences
                 log.exception("decoding step failed")
                 self._fail_all(f"{type(error).__name__}: {error}")
 
+    def _schedule_waiting(self) -> None:
+        """Waiting sequences take the free slots: a new prefill group, or the group being prefilled where it takes
+        more prompts while it runs (`_extend_group`)."""
+        if self.waiting and self.busy < self.max_batch:
+            self._drop_cancelled_waiting()  # a cancelled sequence is never prefilled
+            if self.waiting and self.prefilling is None:
+                self.prefilling = self._next_group()
+            elif self.waiting and hasattr(self.prefilling, "extend"):
+                self._extend_group(self.prefilling)
+
     def _next_group(self) -> Prefill:
-        """The waiting sequences that fit in the free slots and in `max_prefill_tokens` (the first always does), with
-        their cached prefixes; one that shares uncached blocks with a sequence of the group waits for the next."""
-        group, prefixes, deferred, longest = [], [], [], 0
-        while self.waiting and self.busy + len(group) < self.max_batch:
+        """A group of the waiting sequences that fit in the free slots and in `max_prefill_tokens` (`_admit`)."""
+        group, prefixes = self._admit([], self.max_prefill_tokens)
+        prompts = [sequence.prompt for sequence in group]
+        return self.model.prefill_group(group, prompts, prefixes if any(p is not None for p in prefixes) else None)
+
+    def _extend_group(self, group: Prefill) -> None:
+        """Waiting sequences join the group being prefilled, where it takes prompts while it runs (`extend`: the
+        paged batch's, which pads nothing, so `max_prefill_tokens` does not bound it): their tokens follow its
+        prompts' within the same token budget, as vLLM's and OpenVINO GenAI's schedulers give waiting prompts what
+        the budget leaves, rather than waiting for the whole group to end. Every call then feeds the whole budget
+        while prompts wait."""
+        sequences, prefixes = self._admit(group.rows, None)
+        if sequences:
+            group.extend(sequences, [sequence.prompt for sequence in sequences], prefixes)
+
+    def _admit(self, members: list[Sequence], max_tokens: int | None) -> tuple[list[Sequence], list[Any]]:
+        """The waiting sequences (taken from the queue) that fit beside a group's `members` in the free slots and,
+        with `max_tokens`, in that many padded prompt tokens (the first always does), with their cached prefixes
+        (None where nothing is cached); one that shares uncached blocks with a member waits for a later group."""
+        admitted, prefixes, deferred, longest = [], [], [], 0
+        while self.waiting and self.busy + len(admitted) < self.max_batch:
             longer = max(longest, len(self.waiting[0].prompt))
-            if group and longer * (len(group) + 1) > self.max_prefill_tokens:
+            if max_tokens is not None and admitted and longer * (len(admitted) + 1) > max_tokens:
                 break
             sequence = self.waiting.popleft()
-            if self.prefix_cache is not None and self.shares_uncached_blocks(sequence, group):
+            if self.prefix_cache is not None and self.shares_uncached_blocks(sequence, members + admitted):
                 deferred.append(sequence)
                 continue
-            group.append(sequence)
+            admitted.append(sequence)
             longest = longer
             if self.prefix_cache is not None:
                 with self.timed("prefix_cache"):
                     sequence.cached_tokens, prefix = self.prefix_cache.lookup(sequence.prompt)
                 prefixes.append(prefix)
+            else:
+                prefixes.append(None)
         self.waiting.extendleft(reversed(deferred))
-        prompts = [sequence.prompt for sequence in group]
-        return self.model.prefill_group(group, prompts, prefixes if any(p is not None for p in prefixes) else None)
+        return admitted, prefixes
 
     def shares_uncached_blocks(self, sequence: Sequence, group: list[Sequence]) -> bool:
         """Whether `sequence`'s prompt starts with a full block that a member of `group` also starts with and the
@@ -325,9 +351,9 @@ class Scheduler:
 
     def _fuses(self, group: Prefill) -> bool:
         """Whether this iteration computes the running rows' tokens and the group's next chunk in one call: where
-        the batch takes both at once (`step_with_prefill`, the paged batch) and rows are running, without speculation
-        (whose steps feed several tokens a row)."""
-        return bool(self.batch.rows) and self.speculator is None and hasattr(self.batch, "step_with_prefill")
+        the batch takes both at once (`step_with_prefill`, the paged batch), without speculation (whose steps feed
+        several tokens a row)."""
+        return self.speculator is None and hasattr(self.batch, "step_with_prefill")
 
     def _drop_cancelled_waiting(self) -> None:
         if any(sequence.cancelled for sequence in self.waiting):
@@ -389,18 +415,17 @@ class Scheduler:
 
     def _fused_step(self, group: Prefill) -> None:
         """One call for the running rows' next tokens and the group's next chunk (as vLLM's and OpenVINO GenAI's
-        steps mix them): the budget less a token per running row goes to the chunk, and the group's rows decode from
-        the next iteration. Where the call fails, the two run apart, so that a bad prompt fails only its requests."""
+        steps mix them): the budget less a token per running row goes to the chunk (all of it while none runs), and
+        the group's rows decode from the next iteration. Where the call fails, the two run apart, so that a bad
+        prompt fails only its requests."""
         rows = self._running_rows()
-        if not rows:
-            self._prefill_alone(group)
-            return
-        columns = max(1, (self.max_num_batched_tokens - len(rows)) // len(group.rows))
         tokens, masks = self._step_inputs(rows)
         start = group.computed
         try:
-            with self.timed("decode"):
-                logits, prompt_logits = self.batch.step_with_prefill(tokens, group, columns)
+            with self.timed("decode" if rows else "prefill"):
+                logits, prompt_logits = self.batch.step_with_prefill(
+                    tokens, group, self.max_num_batched_tokens - len(rows)
+                )
         except Exception:
             log.exception("a decoding step with a prompt chunk failed; running the two apart")
             if masks is not None:
@@ -410,7 +435,8 @@ class Scheduler:
                 self._decode_step()
             return
         self.fed = group.computed - start
-        self._decoded(rows, logits, masks)
+        if rows:
+            self._decoded(rows, logits, masks)
         self._after_chunk(group, prompt_logits)
 
     def _step_inputs(self, rows: list[Sequence]) -> tuple[np.ndarray, Any]:

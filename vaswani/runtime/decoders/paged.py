@@ -331,10 +331,11 @@ class PagedStepModel:
 
 
 class PagedPrefill:
-    """Prompts prefilled together (the `Prefill` protocol) in the paged graph. Nothing is padded, so `run(columns)`
-    feeds up to `columns` x rows tokens, the scheduler's share of its token budget: each prompt's rest (after any
-    cached prefix) in order, a prompt finished before the next begins. The prompts already in leave the group
-    (`take_finished`) to join the running batch while the others go on."""
+    """Prompts prefilled together (the `Prefill` protocol) in the paged graph. Nothing is padded, so a call feeds any
+    number of tokens (`run(columns)`: up to `columns` x rows; the scheduler's fused step: what its token budget
+    leaves, `PagedBatch.step_with_prefill`): each prompt's rest (after any cached prefix) in order, a prompt finished
+    before the next begins. Prompts arriving meanwhile join the group (`extend`), and the prompts already in leave
+    it (`take_finished`) to join the running batch while the others go on."""
 
     def __init__(
         self,
@@ -343,16 +344,27 @@ class PagedPrefill:
         prompts: list[list[int]],
         prefixes: list[SharedPrefix | None] | None = None,
     ):
-        self.model, self.rows = model, rows
-        self.states = [model.new_row() for _ in prompts]
-        self.rests = []
-        for state, prompt, prefix in zip(self.states, prompts, prefixes or [None] * len(prompts)):
+        self.model = model
+        self.rows: list[Any] = []
+        self.states: list[PagedRow] = []
+        self.rests: list[np.ndarray] = []  # each prompt's tokens after its cached prefix
+        self.fed: list[int] = []  # tokens of each rest fed so far
+        self.last_logits: list[np.ndarray | None] = []
+        self.extend(rows, prompts, prefixes)
+
+    def extend(self, rows: list[Any], prompts: list[list[int]], prefixes: list[SharedPrefix | None] | None = None):
+        """Take more prompts into the group while it runs, after the ones in it: nothing is padded, so a prompt that
+        arrives mid-prefill is fed from the next call on (the scheduler's `_extend_group`)."""
+        for row, prompt, prefix in zip(rows, prompts, prefixes or [None] * len(prompts)):
+            state = self.model.new_row()
             if prefix is not None:
                 state.adopt(prefix)
             state.reserve(len(prompt))
+            self.rows.append(row)
+            self.states.append(state)
             self.rests.append(np.asarray(prompt[state.length :], dtype=np.int64))
-        self.fed = [0] * len(prompts)  # tokens of each rest fed so far
-        self.last_logits: list[np.ndarray | None] = [None] * len(prompts)
+            self.fed.append(0)
+            self.last_logits.append(None)
 
     @property
     def columns(self) -> int:
@@ -373,12 +385,12 @@ class PagedPrefill:
     def run(self, columns: int) -> np.ndarray:
         """Feed up to `columns` x rows tokens; returns every row's last prompt token's logits (rows, vocab) once
         `done`, else the logits of the rows fed."""
-        rows, chunks = self.next_chunk(columns)
+        rows, chunks = self.next_chunk(columns * len(self.rests))
         return self.fed_chunk(rows, chunks, self.model.infer([self.states[row] for row in rows], chunks))
 
-    def next_chunk(self, columns: int) -> tuple[list[int], list[np.ndarray]]:
-        """The rows fed next (indices) and their tokens: up to `columns` x rows tokens, in order."""
-        budget, rows, chunks = columns * len(self.rests), [], []
+    def next_chunk(self, tokens: int) -> tuple[list[int], list[np.ndarray]]:
+        """The rows fed next (indices) and their tokens: up to `tokens` in all, the prompts in order."""
+        budget, rows, chunks = tokens, [], []
         for row, (rest, fed) in enumerate(zip(self.rests, self.fed)):
             chunk = rest[fed : fed + budget]
             if len(chunk):
@@ -442,10 +454,16 @@ class PagedBatch:
         """Feed one token per row (`tokens`, (batch,)); returns the logits (batch, vocab)."""
         return self.model.infer(self.states, list(np.asarray(tokens, dtype=np.int64).reshape(-1, 1)))
 
-    def step_with_prefill(self, tokens: np.ndarray, group: PagedPrefill, columns: int) -> tuple[np.ndarray, np.ndarray]:
-        """`step(tokens)` and `group.run(columns)` in one call of the graph (the weights read once for both); returns
-        both logits: (batch, vocab) and the group's as `run` returns them."""
-        rows, chunks = group.next_chunk(columns)
+    def step_with_prefill(
+        self, tokens: np.ndarray, group: PagedPrefill, prompt_tokens: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`step(tokens)` and the group's next `prompt_tokens` prompt tokens (fewer where its prompts hold fewer) in
+        one call of the graph, which reads the weights once for both; returns both logits: (batch, vocab) and the
+        group's as `PagedPrefill.run` returns them. `tokens` may be empty (no row running yet): then the call is the
+        group's alone. The scheduler fills its whole token budget so: besides doing more per call, a call of 256
+        tokens computes sooner than one of 254 on an AMX CPU at bf16 compute, where a call's time steps up past each
+        multiple of 64 tokens (SmolLM2-135M int8, 2 threads: 62 against 78 ms; 64 tokens 27 ms, 65 35 ms)."""
+        rows, chunks = group.next_chunk(prompt_tokens)
         steps = list(np.asarray(tokens, dtype=np.int64).reshape(-1, 1))
         logits = self.model.infer(self.states + [group.states[row] for row in rows], steps + chunks)
         return logits[: len(self.rows)], group.fed_chunk(rows, chunks, logits[len(self.rows) :])

@@ -37,7 +37,8 @@ class Prefill(Protocol):
         their tokens); returns (rows, vocab) float32 logits, each row's last prompt token's once `done`."""
 
     # Optional, where rows are independent (the paged batch): `take_finished()` -> (a done `Prefill` of the prompts
-    # already in, their last tokens' logits) or None, so that those join the batch while the others go on.
+    # already in, their last tokens' logits) or None, so that those join the batch while the others go on; and
+    # `extend(rows, prompts, prefixes)`, which takes more prompts after the group's while it runs.
 
     def row_cache(self, row: int, start: int, stop: int) -> Any:
         """Once `done`: the cache of `rows[row]`'s tokens [start, stop) as the server's prefix cache keeps it: a copy,
