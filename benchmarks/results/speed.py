@@ -293,3 +293,16 @@ def speculative_tables(raw: dict, described: dict) -> list[dict]:
         table("Each round", columns, rows),
         table("Over the rounds (median, range)", ["plain tok/s", "speculative tok/s", "speed-up"], [summary]),
     ]
+
+
+def paged_call_sizes_tables(raw: dict, described: dict) -> list[dict]:
+    """benchmarks/paged_call_sizes.py's page: a call's milliseconds by the tokens it feeds, the median of the rounds
+    with their range, and per token."""
+    runs = raw["runs"]
+    counts = sorted({int(count) for run in runs for count in run["milliseconds"]})
+    rows = []
+    for count in counts:
+        values = [run["milliseconds"][str(count)] for run in runs if str(count) in run["milliseconds"]]
+        rows.append([count, spread(values), f"{statistics.median(values) / count:.3f}"])
+    heading = f"One call feeding one prompt's tokens; {runs[0]['description']}" if runs else "One call"
+    return [table(heading, ["tokens", "ms: median (range)", "ms per token"], rows)]

@@ -461,8 +461,9 @@ class PagedBatch:
         one call of the graph, which reads the weights once for both; returns both logits: (batch, vocab) and the
         group's as `PagedPrefill.run` returns them. `tokens` may be empty (no row running yet): then the call is the
         group's alone. The scheduler fills its whole token budget so: besides doing more per call, a call of 256
-        tokens computes sooner than one of 254 on an AMX CPU at bf16 compute, where a call's time steps up past each
-        multiple of 64 tokens (SmolLM2-135M int8, 2 threads: 62 against 78 ms; 64 tokens 27 ms, 65 35 ms)."""
+        tokens computes sooner than one of 254 on an AMX CPU at bf16 compute, where a call's time steps up just past
+        each multiple of 64 tokens (SmolLM2-135M int8, 2 threads: 57 against 75 ms; 64 tokens 24 ms, 65 34 ms;
+        docs/results/paged_call_sizes_amx.md)."""
         rows, chunks = group.next_chunk(prompt_tokens)
         steps = list(np.asarray(tokens, dtype=np.int64).reshape(-1, 1))
         logits = self.model.infer(self.states + [group.states[row] for row in rows], steps + chunks)
