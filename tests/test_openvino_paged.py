@@ -300,8 +300,9 @@ def test_bf16_compute_serves_the_paged_batch_with_a_bfloat16_cache(folders):
 def test_a_prompt_joins_the_batch_when_its_own_prefill_ends_not_its_groups(folders, monkeypatch):
     """A short and a long prompt submitted together are prefilled as one group under a small token budget: the short
     one joins the batch, and decodes, while the long one's chunks still go in (iterations of the scheduler's own step
-    log that both fed prompt tokens and decoded a row: each of the long prompt's chunks after the short one's), and
-    each answer is the one a scheduler that waits for the whole group gives (f32: the same tokens). With the group
+    log that both fed prompt tokens and decoded a row: each of the long prompt's chunks after the short one's), every
+    call but the last computes the whole budget, decoded rows and prompt tokens together, and each answer is the one
+    a scheduler that waits for the whole group gives (f32: the same tokens). With the group
     waiting, no iteration does both (its rows decode from the iteration after its last chunk), so the check can fail."""
     from vaswani.serving import SamplingParams
     from vaswani.serving.scheduler import Scheduler
@@ -316,6 +317,8 @@ def test_a_prompt_joins_the_batch_when_its_own_prefill_ends_not_its_groups(folde
         scheduler = Scheduler(step, max_batch=4, max_num_batched_tokens=32)
         results = scheduled_results(scheduler, requests)
         overlapping = sum(1 for fed, decoded in scheduler.step_log if fed and decoded)
+        chunks = [fed + decoded for fed, decoded in scheduler.step_log if fed]
+        assert sum(chunks) >= 128 and set(chunks[:-1]) == {32}, chunks  # the whole budget, but for the last chunk
         return [tokens for tokens, _, _ in results], overlapping
 
     early, overlapping = served()
