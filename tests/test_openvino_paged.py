@@ -21,7 +21,6 @@ pytest.importorskip("openvino")
 
 from vaswani.export import export_onnx  # noqa: E402
 from vaswani.export.report import TOLERANCES, allowed_difference  # noqa: E402
-from vaswani.quantization import Quantization  # noqa: E402
 from vaswani.runtime import OrtModelForCausalLM  # noqa: E402
 from vaswani.runtime.decoders import paged  # noqa: E402
 from vaswani.runtime.decoders.openvino import OpenVinoStepModel  # noqa: E402
@@ -373,37 +372,6 @@ def test_a_prompt_arriving_mid_prefill_joins_the_group_and_every_call_fills_the_
     assert joined_calls == [(32, 0)] * 4, joined_calls
     assert [fed for fed, _ in apart_calls] == [32, 32, 32, 24, 8], apart_calls
     assert joined == apart and all(len(tokens) == 6 for tokens in joined)
-
-
-@pytest.mark.parametrize("weights", ["fp32", "int8", "int4"])
-def test_the_paged_graph_computes_each_fused_projection_as_its_parts_with_the_fused_logits(
-    weights, folders, tmp_path, monkeypatch
-):
-    """The paged graph computes the exporter's fused products (query/key/value, gate/up) one part at a time
-    (`split_fused_projections`), over the rows of their compressed weights, scales and zero points (and their biases):
-    each fused product of each layer cut, and at f32 compute a prompt's and decoding steps' logits those of the fused graph (the same dot products), with
-    the same greedy tokens."""
-    quantization = {"fp32": None, "int8": "int8", "int4": Quantization.of("int4", accuracy_level=0, eight_bit_budget=0)}
-    folder = folders["rope"]
-    if quantization[weights] is not None:
-        folder = export_onnx(
-            folders["rope source"], tmp_path / weights, task="text-generation", quantize=quantization[weights],
-            attention="portable", validate=False,
-        ).folder  # fmt: skip
-    model = OrtModelForCausalLM.from_pretrained(folder, engine="openvino", openvino_precision="f32")
-    cuts, cut = [], paged.split_fused_projections
-    monkeypatch.setattr(paged, "split_fused_projections", lambda graph: cuts.append(cut(graph)) or cuts[-1])
-    parts = model.decoder_runtime.step_model()
-    monkeypatch.setattr(paged, "split_fused_projections", lambda graph: 0)
-    fused = model.decoder_runtime.step_model()
-    fused_per_layer = 1 + bool(model.config.gated_ffn)  # query/key/value, and gate/up where the MLP is gated
-    assert cuts == [fused_per_layer * model.config.num_hidden_layers]
-    prompt = torch.randint(3, 60, (45,), generator=torch.Generator().manual_seed(12)).tolist()
-    _, parts_logits, parts_answer = greedy_answer(parts, parts.prefill_group(["x"], [prompt]), 10)
-    _, fused_logits, fused_answer = greedy_answer(fused, fused.prefill_group(["x"], [prompt]), 10)
-    assert parts_answer == fused_answer
-    reference = np.stack(fused_logits)
-    np.testing.assert_allclose(np.stack(parts_logits), reference, rtol=0, atol=1e-5 * np.abs(reference).max())
 
 
 def test_a_failing_fused_step_runs_the_chunk_and_the_step_apart(folders, monkeypatch, caplog):

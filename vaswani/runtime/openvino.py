@@ -142,8 +142,7 @@ class OpenVinoDecoder:
     Each infer request (`new_request`) holds one cache, so concurrent generations do not share one. For the lean loop
     it is a `held_cache.HeldCacheDecoder`, as `GqaDecoder` is: `start` prefills a left-padded prompt and returns the
     state its decode steps continue, `decode` appends one token per row. The graph is made stateful as OpenVINO
-    GenAI's models are (`make_stateful`), its fused projections computed as their parts (`split_fused_projections`);
-    the cache is kept in float16 for bf16 compute and in float32 for f32.
+    GenAI's models are (`make_stateful`); the cache is kept in float16 for bf16 compute and in float32 for f32.
 
     Example:
         >>> decoder = OpenVinoDecoder("onnx-folder/model.onnx", manifest, "bf16", threads=2, max_positions=8192)
@@ -159,7 +158,6 @@ class OpenVinoDecoder:
         self.input_names = [port.get_any_name() for port in model.inputs]  # the stateless graph's, for `run`
         self.output_names = [port.get_any_name() for port in model.outputs]
         pairs = make_stateful(model, manifest)
-        split_fused_projections(model)
         self.past_names, self.present_names = list(pairs), list(pairs.values())
         properties = {
             "INFERENCE_PRECISION_HINT": OPENVINO_TYPES[precision],
@@ -394,135 +392,6 @@ def make_paged(model: Any, manifest: dict) -> None:
         raise ValueError("the graph's logits_positions is not one Gather of the hidden states")
     gathers[0].input(2).replace_source_output(opset13.constant(np.array(0, dtype=np.int64)).output(0))
     model.validate_nodes_and_infer_types()
-
-
-class NotSliceable(ValueError):
-    """A weight subgraph `split_fused_projections` cannot cut into rows (it leaves that product fused)."""
-
-
-def split_fused_projections(model: Any) -> int:
-    """Cut each fused projection of a graph OpenVINO read back into its parts: a MatMul of compressed weights (and its
-    bias, where it has one) whose only reader is a VariadicSplit of its last axis (the exporter's fused
-    query/key/value and gate/up products) becomes one MatMul per part, over the rows of the weights (and of their
-    scales and zero points) that part reads. Exact: each output is the same dot product. Why: OpenVINO's CPU plugin
-    copies the parts out of the fused product (its VariadicSplit) and cannot fuse the SiLU into the gate's product; on
-    SmolLM2-135M int8 at bf16 compute the two took 22 of 269 ms of a 1024-token call, and OpenVINO GenAI's unfused
-    graph computes its prompts faster by that much. Returns how many products were cut; one whose weights it cannot
-    slice by rows stays fused."""
-    from openvino import opset13
-
-    openvino, count = import_openvino(), 0
-    for split in [op for op in model.get_ordered_ops() if op.get_type_name() == "VariadicSplit"]:
-        product = fused_product(split)
-        if product is None:
-            continue
-        matmul, bias, widths = product
-        transposed = matmul.get_attributes()["transpose_b"]  # the weights (N, K), as quantized exports keep them
-        try:
-            weights = [
-                weight_rows(matmul.input_value(1), sum(widths), sum(widths[:i]), width)
-                if transposed
-                else weight_columns(matmul.input_value(1), sum(widths[:i]), width)
-                for i, width in enumerate(widths)
-            ]
-        except NotSliceable:
-            continue
-        for index, (weight, width) in enumerate(zip(weights, widths)):
-            part = opset13.matmul(matmul.input_value(0), weight, False, transposed)
-            if bias is not None:
-                start = sum(widths[:index])
-                part = opset13.add(
-                    part, openvino.op.Constant(np.ascontiguousarray(bias.data[..., start : start + width]))
-                )
-            split.output(index).replace(part.output(0))
-        count += 1
-    model.validate_nodes_and_infer_types()
-    return count
-
-
-def fused_product(split: Any) -> tuple[Any, Any, list[int]] | None:
-    """(the MatMul, its bias Constant or None, the parts' widths) where `split` is a VariadicSplit of the last axis of
-    a product `x @ W.T` or `x @ W` (+ bias) that nothing else reads; else None."""
-    matmul, bias = split.input_value(0).get_node(), None
-    if matmul.get_type_name() == "Add" and len(matmul.output(0).get_target_inputs()) == 1:
-        matmul, bias = sorted(
-            (value.get_node() for value in matmul.input_values()), key=lambda node: node.get_type_name() != "MatMul"
-        )
-    axis, lengths = (split.input_value(index).get_node() for index in (1, 2))
-    if (
-        matmul.get_type_name() != "MatMul"
-        or len(matmul.output(0).get_target_inputs()) != 1
-        or matmul.get_attributes()["transpose_a"]
-        or axis.get_type_name() != "Constant"
-        or lengths.get_type_name() != "Constant"
-    ):
-        return None
-    widths = [int(width) for width in lengths.get_vector()]
-    if int(axis.get_vector()[0]) not in (-1, matmul.get_output_partial_shape(0).rank.get_length() - 1):
-        return None
-    if bias is not None and (bias.get_type_name() != "Constant" or list(bias.get_shape())[-1:] != [sum(widths)]):
-        return None
-    return matmul, bias, widths
-
-
-def weight_columns(value: Any, start: int, count: int) -> Any:
-    """The columns [start, start + count) of float weights (K, N) held as one Constant (a float export's); else
-    NotSliceable."""
-    node = value.get_node()
-    if node.get_type_name() != "Constant" or node.get_element_type().bitwidth < 8:
-        raise NotSliceable(f"{node.get_type_name()} {node.get_friendly_name()}")
-    return import_openvino().op.Constant(np.ascontiguousarray(node.data[..., start : start + count])).output(0)
-
-
-def weight_rows(value: Any, rows: int, start: int, count: int) -> Any:
-    """The rows [start, start + count) of a weight subgraph `value` whose output has `rows` rows: its constants of
-    that many rows sliced (a constant of one row, a broadcast zero point, kept), its Reshapes' targets resized, its
-    Converts and elementwise ops rebuilt over the slices. NotSliceable for anything else."""
-    from openvino import opset13
-
-    node = value.get_node()
-    kind = node.get_type_name()
-    if kind == "Constant":
-        shape = list(node.get_shape())
-        if not shape or shape[0] == 1:
-            return value
-        if shape[0] != rows:
-            raise NotSliceable(f"{node.get_friendly_name()} has {shape[0]} rows, not {rows}")
-        return constant_rows(node, start, count).output(0)
-    if kind == "Reshape":
-        target = node.input_value(1).get_node()
-        shape = target.get_vector() if target.get_type_name() == "Constant" else None
-        copies_rows = shape is not None and node.get_attributes()["special_zero"] and shape[0] == 0
-        if shape is None or not (copies_rows or shape[0] == rows):
-            raise NotSliceable(f"{node.get_friendly_name()} does not keep the rows first")
-        data = weight_rows(node.input_value(0), rows, start, count)
-        if not copies_rows:  # its first dimension is the rows': resized
-            shape = np.array([count, *shape[1:]], dtype=shape.dtype)
-        return opset13.reshape(data, shape, node.get_attributes()["special_zero"]).output(0)
-    if kind == "Convert":
-        data = weight_rows(node.input_value(0), rows, start, count)
-        return opset13.convert(data, node.get_output_element_type(0)).output(0)
-    if kind in ("Subtract", "Multiply") and node.get_attributes().get("auto_broadcast", "numpy") == "numpy":
-        left, right = (weight_rows(input_value, rows, start, count) for input_value in node.input_values())
-        return (opset13.subtract if kind == "Subtract" else opset13.multiply)(left, right).output(0)
-    raise NotSliceable(f"{kind} {node.get_friendly_name()}")
-
-
-def constant_rows(node: Any, start: int, count: int) -> Any:
-    """A Constant of the rows [start, start + count) of the Constant `node`, in its element type. Sub-byte types
-    (int4) are packed, so their rows are cut as bytes where a row fills whole bytes (else NotSliceable)."""
-    openvino = import_openvino()
-    element_type, shape = node.get_element_type(), list(node.get_shape())
-    row = int(np.prod(shape[1:], dtype=np.int64))
-    bits = element_type.bitwidth
-    if bits >= 8:
-        return openvino.op.Constant(np.ascontiguousarray(node.data[start : start + count]))
-    if row * bits % 8:
-        raise NotSliceable(f"{node.get_friendly_name()}'s rows do not fill whole bytes")
-    row_bytes = row * bits // 8
-    tensor = openvino.Tensor(element_type, openvino.Shape([count, *shape[1:]]))
-    tensor.data[:] = node.data.reshape(-1)[start * row_bytes : (start + count) * row_bytes]
-    return openvino.op.Constant(tensor)
 
 
 def takes_first_element(node: Any) -> bool:

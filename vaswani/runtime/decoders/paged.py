@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..openvino import OPENVINO_TYPES, import_openvino, make_paged, read_graph, split_fused_projections
+from ..openvino import OPENVINO_TYPES, import_openvino, make_paged, read_graph
 from .portable import context_length
 
 logger = logging.getLogger(__name__)
@@ -257,8 +257,6 @@ class PagedStepModel:
             make_paged(graph, model.manifest)
         except (ValueError, RuntimeError) as error:  # OpenVINO's own transformation raises a RuntimeError
             raise NotPageable(str(error)) from error
-        cut = split_fused_projections(graph)
-        logger.info("paged graph: %d fused projections computed as their parts", cut)
         logger.info("paged KV cache in %s (kv_cache_dtype=%s)", cache_type, kv_cache_dtype)
         properties = {
             "INFERENCE_PRECISION_HINT": OPENVINO_TYPES[decoder.precision],
