@@ -302,8 +302,8 @@ def test_a_prompt_joins_the_batch_when_its_own_prefill_ends_not_its_groups(folde
     one joins the batch, and decodes, while the long one's chunks still go in (iterations of the scheduler's own step
     log that both fed prompt tokens and decoded a row: each of the long prompt's chunks after the short one's), every
     call but the last computes the whole budget, decoded rows and prompt tokens together, and each answer is the one
-    a scheduler that waits for the whole group gives (f32: the same tokens). With the group
-    waiting, no iteration does both (its rows decode from the iteration after its last chunk), so the check can fail."""
+    a scheduler that waits for the whole group gives (f32: the same tokens). With the group waiting, no iteration
+    does both (its rows decode from the iteration after its last chunk), so the check can fail."""
     from vaswani.serving import SamplingParams
     from vaswani.serving.scheduler import Scheduler
 

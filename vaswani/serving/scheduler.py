@@ -306,12 +306,11 @@ class Scheduler:
                 continue
             admitted.append(sequence)
             longest = longer
+            prefix = None
             if self.prefix_cache is not None:
                 with self.timed("prefix_cache"):
                     sequence.cached_tokens, prefix = self.prefix_cache.lookup(sequence.prompt)
-                prefixes.append(prefix)
-            else:
-                prefixes.append(None)
+            prefixes.append(prefix)
         self.waiting.extendleft(reversed(deferred))
         return admitted, prefixes
 
