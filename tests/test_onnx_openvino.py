@@ -40,6 +40,7 @@ from vaswani.runtime.decoders.paged import PagedStepModel  # noqa: E402
 from vaswani.runtime.openvino import (  # noqa: E402
     OpenVinoSession,
     cpu_has_int8_dot_products,
+    decode_step_precision,
     openvino_precision,
     route_description,
 )
@@ -153,6 +154,75 @@ def test_greedy_generate_with_openvino_prompts_continues_in_onnxruntime_at_one_r
     assert (prompt_runs.calls, step_runs.calls) == (1, 7)  # the prompt in OpenVINO, the 7 later tokens' steps in ORT
     alone = OrtModelForCausalLM.from_pretrained(exports["portable-int8"]).generate(ids, **options)
     assert torch.equal(tokens, alone)
+
+
+def test_quantized_generate_prefills_in_bf16_and_steps_in_f32_within_pytorchs_error(llama, exports, monkeypatch, caplog):
+    """Under "auto", a quantized export on a CPU with bf16 and int8 dot products (both faked here, so any CPU runs it;
+    OpenVINO emulates bf16 where the CPU lacks it) prefills in bf16 and decodes in a second graph compiled at f32,
+    which takes the prompt's cache over once. The choice is logged, the provider says it, every step runs in the f32
+    graph, and every logit generate chose by is within the error model of PyTorch computing the graph's weights:
+    the half-precision rule against that model in bfloat16 (the prompt's compute) plus twice what rounding the
+    matmuls' inputs to int8 moves (the steps' dynamic quantization), as in the batch test below."""
+    from vaswani.runtime import openvino as openvino_module
+    from vaswani.runtime.decoders import openvino as openvino_decoder
+
+    reference, _ = llama
+    monkeypatch.setattr(openvino_decoder, "openvino_precision", lambda requested: "bf16")
+    monkeypatch.setattr(openvino_module, "cpu_has_int8_dot_products", lambda: True)
+    with caplog.at_level(logging.INFO, logger="vaswani.runtime.openvino"):
+        model = OrtModelForCausalLM.from_pretrained(exports["portable-int8"], engine="openvino")
+    assert model.provider == "OpenVINO (bf16 prompts, f32 steps)"
+    assert any("decode steps of the quantized weights in f32" in record.getMessage() for record in caplog.records)
+    decoder = model.decoder_runtime.openvino
+    step_requests, logits_returned = [], []
+    new_step_request, start, decode = decoder.new_step_request, decoder.start, decoder.decode
+    decoder.new_step_request = lambda: step_requests.append(new_step_request()) or step_requests[-1]
+    decoder.start = lambda *args: logits_returned.append(start(*args)) or logits_returned[-1]
+    decoder.decode = lambda *args: logits_returned.append((decode(*args),)) or logits_returned[-1][0]
+    _, step_runs = CallCounter.both(model)
+    ids, mask = left_padded([7, 4], 7, reference.config.vocab_size)
+    new = 6
+    sequences = model.generate(
+        ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
+    )
+    assert step_runs.calls == 0 and len(step_requests) == 1  # two rows: every step in OpenVINO, one handover
+    assert step_requests[0].get_compiled_model().get_property("INFERENCE_PRECISION_HINT").to_string() == "f32"
+    manifest = load_manifest(exports["portable-int8"])
+    oracle = with_graph_weights(reference, exports["portable-int8"] / "model.onnx")
+    rounding = with_int8_activations(oracle, manifest["quantization_options"]["block_size"])
+    in_bfloat16 = copy.deepcopy(oracle).to(torch.bfloat16)
+    kind, tolerance = TOLERANCES["fp16"]
+    seen_all = torch.stack([returned[0] for returned in logits_returned], 1).numpy()  # (rows, new - 1, vocab)
+    for row in range(2):
+        prompt = ids[row][mask[row].bool()].tolist()
+        tokens = sequences[row, ids.shape[1] :].tolist()
+        seen = seen_all[row].copy()
+        expected = teacher_forced_logits(oracle, prompt, tokens)
+        rounded = teacher_forced_logits(rounding, prompt, tokens)
+        halved = teacher_forced_logits(in_bfloat16, prompt, tokens)
+        assert seen.shape == expected.shape == (new, reference.config.vocab_size)
+        for logits in (seen, expected, rounded, halved):
+            logits[:, model.config.eos_token_id] = 0.0  # min_new_tokens holds it back in generate's logits
+        scale = float(np.abs(expected).max())
+        own_error = float(np.abs(halved - expected).max())
+        allowed = allowed_difference(kind, tolerance, scale, reference.config.num_hidden_layers, own_error)
+        allowed += 2 * float(np.abs(rounded - expected).max())
+        difference = float(np.abs(seen - expected).max())
+        assert difference <= allowed, (row, difference, allowed)
+
+
+def test_decode_steps_compute_in_f32_only_for_quantized_exports_under_auto_with_int8_dot_products(monkeypatch):
+    """The rule of `decode_step_precision`: f32 steps beside bf16 prompts only where "auto" chose bf16 for a quantized
+    export on a CPU with int8 dot products; an explicit precision, an unquantized export, f32 prompts or a CPU
+    without int8 dot products keep the steps in the prompts' precision."""
+    from vaswani.runtime import openvino as openvino_module
+
+    for dot_products in (True, False):
+        monkeypatch.setattr(openvino_module, "cpu_has_int8_dot_products", lambda found=dot_products: found)
+        assert decode_step_precision("auto", "bf16", quantized=True) == ("f32" if dot_products else "bf16")
+        assert decode_step_precision("auto", "bf16", quantized=False) == "bf16"
+        assert decode_step_precision("bf16", "bf16", quantized=True) == "bf16"
+        assert decode_step_precision("auto", "f32", quantized=True) == "f32"
 
 
 @pytest.mark.parametrize("do_sample", [False, True])

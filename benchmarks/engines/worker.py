@@ -85,8 +85,11 @@ def load_vaswani_ort(request):
     model = ort_class.from_pretrained(request["model"], session_options=options, **engine)
     generate = torch_generate(model, bool(request.get("seq2seq")))
     openvino = getattr(getattr(model, "decoder_runtime", None), "openvino", None)
-    if openvino is not None:  # `--engine openvino`: what OpenVINO's plugin chose for the steps it runs
-        generate.info = lambda: openvino_properties(openvino.compiled)
+    if openvino is not None:  # `--engine openvino`: what OpenVINO's plugin chose for the calls it runs
+        generate.info = lambda: {
+            **openvino_properties(openvino.compiled),
+            **{f"steps {name}": value for name, value in openvino_properties(openvino.step_compiled).items()},
+        }
     return generate
 
 

@@ -178,19 +178,28 @@ def engine_workload(raw: dict, settings: dict) -> str:
     )
 
 
+def openvino_compute(info: dict, weights: str) -> str:
+    """The compute an OpenVINO compiled model's read-back properties name: its precision and, for compressed weights,
+    the group size in which the CPU plugin quantizes their products' activations to int8 (0 turns it off). That
+    rounding changes an fp32-hinted int8 model's logits (relative RMS 0.03 on SmolLM2-135M), so it is part of the
+    compute a row names."""
+    precision = info["INFERENCE_PRECISION_HINT"].replace("f32", "fp32")
+    group = int(info.get("DYNAMIC_QUANTIZATION_GROUP_SIZE") or 0)
+    if group and weights not in ("fp32", "bf16"):
+        precision += f", int8 activations in groups of {group}"
+    return precision
+
+
 def engine_compute(name: str, runs: list[dict | None], weights: str, described: dict) -> str:
     """The precision a system's arithmetic ran in: what an engine reported it chose (OpenVINO's
     INFERENCE_PRECISION_HINT), the OpenVINO route's automatic precision on this CPU, the unquantized precision, or
     vaswani's quantized kernels (MatMulNBits, int8 activations at the exporter's default accuracy level 4)."""
     info = next((run["info"] for run in runs if run and run.get("info")), {})
     if "INFERENCE_PRECISION_HINT" in info:
-        precision = info["INFERENCE_PRECISION_HINT"].replace("f32", "fp32")
-        # OpenVINO's CPU plugin quantizes the activations of compressed (int8/int4) weights' products to int8 in
-        # groups of this size; 0 turns it off. It changes an fp32-hinted int8 model's logits (relative RMS 0.03 on
-        # SmolLM2-135M), so it is part of the compute a row names.
-        group = int(info.get("DYNAMIC_QUANTIZATION_GROUP_SIZE") or 0)
-        if group and weights not in ("fp32", "bf16"):
-            precision += f", int8 activations in groups of {group}"
+        precision = openvino_compute(info, weights)
+        steps = {name.removeprefix("steps "): value for name, value in info.items() if name.startswith("steps ")}
+        if steps and openvino_compute(steps, weights) != precision:  # decode steps compiled apart, computing otherwise
+            return f"prompts {precision}; decode steps {openvino_compute(steps, weights)} (OpenVINO's calls)"
         return precision + (" in OpenVINO's steps" if "--engine openvino" in name else "")
     if "--engine openvino" in name:
         return f"{'bf16' if computes_bfloat16(described) else 'fp32'} in OpenVINO's steps"

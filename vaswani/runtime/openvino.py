@@ -28,6 +28,7 @@ its compute precision).
     >>> OpenVinoSession("onnx-folder/model.onnx", precision="bf16", threads=2).run(None, feeds)  # any graph, stateless
 """
 
+import logging
 import os
 import shutil
 import tempfile
@@ -43,6 +44,8 @@ import torch
 
 from .contract import is_gqa_form, positions_from_mask
 from .held_cache import NotLeftPaddedError, refuse_capacity_past, refuse_step_past
+
+logger = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "f32", "bf16")
 # What OpenVINO calls the precisions (its INFERENCE_PRECISION_HINT); `OrtModel.provider` reports "OpenVINO (bf16)".
@@ -102,6 +105,26 @@ def openvino_precision(requested: str = "auto") -> str:
     return "bf16" if "BF16" in capabilities else "f32"
 
 
+def decode_step_precision(requested: str, precision: str, quantized: bool) -> str:
+    """The compute precision of OpenVINO's decode steps, beside prompts computed in `precision` (resolved from
+    `requested`): "f32" for a `quantized` export whose prompts compute in bf16 because `requested` was "auto", on a
+    CPU with int8 dot products (VNNI or AMX int8); else `precision`, as the prompts.
+
+    Why: at f32 compute the CPU plugin multiplies int8/int4 weights by activations it quantizes to int8 (its dynamic
+    quantization), reading the weights as they are stored; at bf16 it converts them to bf16 first. That conversion
+    costs more than AMX's bf16 products save when a call has a few rows, and less when it has hundreds: on an Intel
+    Xeon with AMX, a Llama-3.2-1B-shaped int8 export (`--block-size 128`) decodes a step of 8 rows in 62 ms at f32
+    against 113 at bf16, and a 512-token prompt takes 1521 ms at f32 against 757 at bf16
+    (docs/results/benchmark_engines_openvino_steps_1b_amx.md). An explicit "bf16" or "f32" keeps every call in it."""
+    if requested == "auto" and precision == "bf16" and quantized and cpu_has_int8_dot_products():
+        logger.info(
+            "OpenVINO: prompts compute in bf16, decode steps of the quantized weights in f32 with int8 activations "
+            "(faster at few rows; a second compiled copy of the weights); openvino_precision='bf16' keeps all in bf16"
+        )
+        return "f32"
+    return precision
+
+
 class OpenVinoSession:
     """One exported graph compiled by OpenVINO for the CPU as it is (stateless), run like an ONNX Runtime session: what
     validation runs graphs other than a text-generation decoder with (the decoder runs as `OpenVinoDecoder`).
@@ -151,31 +174,51 @@ class OpenVinoDecoder:
     """
 
     def __init__(
-        self, path: str | Path, manifest: dict, precision: str, threads: int, max_positions: int | None = None
+        self,
+        path: str | Path,
+        manifest: dict,
+        precision: str,
+        threads: int,
+        max_positions: int | None = None,
+        step_precision: str | None = None,
     ):
         self.path, self.precision, self.threads = Path(path), precision, threads
+        self.step_precision = step_precision or precision
         core, model = read_graph(self.path)
         self.input_names = [port.get_any_name() for port in model.inputs]  # the stateless graph's, for `run`
         self.output_names = [port.get_any_name() for port in model.outputs]
         pairs = make_stateful(model, manifest)
         self.past_names, self.present_names = list(pairs), list(pairs.values())
-        properties = {
-            "INFERENCE_PRECISION_HINT": OPENVINO_TYPES[precision],
-            "INFERENCE_NUM_THREADS": int(threads),
-            "KV_CACHE_PRECISION": "f16" if precision == "bf16" else "f32",
-        }
-        self.compiled = core.compile_model(model, "CPU", properties)
-        self.logits_port = next(port for port in self.compiled.outputs if port.get_any_name() == "logits")
+        self.compiled = self.compile(core, model, precision)
+        # Decode steps compiled apart where they compute in another precision (`step_precision`); their requests
+        # take the cache over from the prompt's once, in `start`. Each compiled model holds its own weights.
+        self.step_compiled = self.compiled
+        if self.step_precision != precision:
+            self.step_compiled = self.compile(core, model, self.step_precision)
+        self.logits_index = [port.get_any_name() for port in self.compiled.outputs].index("logits")
         # OpenVINO names each state by its past input and present output; the cache's order is the inputs'.
         self.state_order = {past + present: index for index, (past, present) in enumerate(pairs.items())}
         self.max_positions = max_positions
+
+    def compile(self, core: Any, model: Any, precision: str) -> Any:
+        """The stateful graph compiled for the CPU at `precision`, its cache in float16 for bf16 compute and in
+        float32 for f32."""
+        properties = {
+            "INFERENCE_PRECISION_HINT": OPENVINO_TYPES[precision],
+            "INFERENCE_NUM_THREADS": int(self.threads),
+            "KV_CACHE_PRECISION": "f16" if precision == "bf16" else "f32",
+        }
+        return core.compile_model(model, "CPU", properties)
 
     plain_greedy = None  # greedy search runs `held_cache_sample`'s own loop
 
     @property
     def provider(self) -> str:
-        """What runs it, as `OrtModel.provider` reports it: "OpenVINO (bf16)"."""
-        return f"{PROVIDER_NAME} ({self.precision})"
+        """What runs it, as `OrtModel.provider` reports it: "OpenVINO (bf16)", or "OpenVINO (bf16 prompts, f32
+        steps)" where decode steps compute in another precision."""
+        if self.step_precision == self.precision:
+            return f"{PROVIDER_NAME} ({self.precision})"
+        return f"{PROVIDER_NAME} ({self.precision} prompts, {self.step_precision} steps)"
 
     def check_capacity(self, length: int) -> None:
         """Refuse a step past the rotary table's positions."""
@@ -184,6 +227,10 @@ class OpenVinoDecoder:
     def new_request(self) -> Any:
         """An infer request whose cache starts empty (for the batch of its first run)."""
         return self.compiled.create_infer_request()
+
+    def new_step_request(self) -> Any:
+        """An infer request of the decode steps' compiled graph (the prompts' where both compute alike)."""
+        return self.step_compiled.create_infer_request()
 
     def infer(self, request: Any, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Feed `input_ids` (batch, new) after the request's cache, under `mask` (batch, cached + new) at `positions`
@@ -197,7 +244,7 @@ class OpenVinoDecoder:
         if "position_ids" in self.input_names:  # graphs whose positions do not use them (ALiBi) have none
             feeds["position_ids"] = np.ascontiguousarray(positions, dtype=np.int64)
         request.infer(feeds, share_inputs=True)
-        return request.get_tensor(self.logits_port).data[:, -1].copy()
+        return request.get_output_tensor(self.logits_index).data[:, -1].copy()
 
     def read_cache(self, request: Any) -> list[np.ndarray]:
         """The request's cache as the graph's present tensors, (batch, kv_heads, length, head_dim) each, in order."""
@@ -223,7 +270,7 @@ class OpenVinoDecoder:
         inputs = {name: feeds[name] for name in self.input_names if name in feeds and name not in self.past_names}
         request.infer({**inputs, "beam_idx": np.arange(past[0].shape[0], dtype=np.int32)}, share_inputs=True)
         outputs = dict(zip(self.present_names, self.read_cache(request)))
-        outputs["logits"] = request.get_tensor(self.logits_port).data.copy()
+        outputs["logits"] = request.get_output_tensor(self.logits_index).data.copy()
         return [outputs[name] for name in output_names or self.output_names]
 
     def start(
@@ -239,6 +286,10 @@ class OpenVinoDecoder:
         mask = mask.to(torch.int64).numpy()
         state = OpenVinoState(self.new_request(), mask, positions[:, -1:] + 1)
         logits = self.infer(state.request, input_ids.numpy(), mask, positions)
+        if self.step_compiled is not self.compiled:  # the steps' graph takes the prompt's cache over
+            steps = self.new_step_request()
+            self.write_cache(steps, self.read_cache(state.request))
+            state.request = steps
         return torch.from_numpy(logits), state
 
     def decode(self, state: "OpenVinoState", tokens: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ from ..held_cache import held_cache_sample
 from ..openvino import (
     OpenVinoDecoder,
     cpu_has_int8_dot_products,
+    decode_step_precision,
     openvino_precision,
     route_description,
     unreadable_form_refusal,
@@ -103,7 +104,9 @@ class OpenVinoRuntime(PortableRuntime):
         graph = model.graphs[model.decoding_graph]
         threads = graph.session.get_session_options().intra_op_num_threads  # OpenVINO gets ONNX Runtime's count
         positions = getattr(model.config, "max_position_embeddings", None)
-        decoder = OpenVinoDecoder(request.folder / graph.file, model.manifest, precision, threads, positions)
+        quantized = model.manifest.get("quantization") is not None
+        steps = decode_step_precision(request.openvino_precision, precision, quantized)
+        decoder = OpenVinoDecoder(request.folder / graph.file, model.manifest, precision, threads, positions, steps)
         return cls(model, decoder)
 
     def __init__(self, model: Any, openvino: OpenVinoDecoder):
@@ -190,7 +193,7 @@ class OpenVinoBatch(RunningBatch):
 
     def __init__(self, model: OpenVinoStepModel):
         self.runtime, self.decoder = model.runtime, model.decoder
-        self.request = self.decoder.new_request()
+        self.request = self.decoder.new_step_request()
         super().__init__(model)
 
     @property
