@@ -38,7 +38,9 @@ from vaswani.runtime.decoders import chosen_engine  # noqa: E402
 from vaswani.runtime.decoders.openvino import OpenVinoRuntime, OpenVinoStepModel  # noqa: E402
 from vaswani.runtime.decoders.paged import PagedStepModel  # noqa: E402
 from vaswani.runtime.openvino import (  # noqa: E402
+    OpenVinoDecoder,
     OpenVinoSession,
+    amx_left_padding,
     cpu_has_int8_dot_products,
     decode_step_precision,
     openvino_precision,
@@ -209,6 +211,39 @@ def test_quantized_generate_prefills_in_bf16_and_steps_in_f32_within_pytorchs_er
         allowed += 2 * float(np.abs(rounded - expected).max())
         difference = float(np.abs(seen - expected).max())
         assert difference <= allowed, (row, difference, allowed)
+
+
+def test_a_prompt_padded_to_amx_multiple_decodes_as_the_unpadded_one(llama, exports):
+    """`OpenVinoDecoder.start` on AMX at bf16 pads a prompt on the left to a multiple of 128 tokens; forced here at f32
+    (so any CPU runs it, and the two runs compare to float rounding): two rows of 37 tokens, one of them left-padded
+    already, run as 2 x 64, and the first logits and those of six steps after it equal the unpadded decoder's within
+    the exporter's fp32 rule."""
+    reference, _ = llama
+    path, manifest = exports["portable"] / "model.onnx", load_manifest(exports["portable"])
+    padded, plain = OpenVinoDecoder(path, manifest, "f32", 2), OpenVinoDecoder(path, manifest, "f32", 2)
+    padded.pads_prompts = True
+    shapes = []
+    infer = padded.infer
+    padded.infer = lambda request, input_ids, *rest: shapes.append(input_ids.shape) or infer(request, input_ids, *rest)
+    ids, mask = left_padded([37, 30], 37, reference.config.vocab_size)
+    tokens = torch.randint(3, 60, (6, 2), generator=torch.Generator().manual_seed(3))
+    runs = []
+    for decoder in (padded, plain):
+        logits, state = decoder.start(ids, mask)
+        runs.append(torch.stack([logits] + [decoder.decode(state, step) for step in tokens]))
+    assert shapes[0] == (2, 64) and all(shape == (2, 1) for shape in shapes[1:])
+    kind, tolerance = TOLERANCES["fp32"]
+    scale = float(runs[1].abs().max())
+    allowed = allowed_difference(kind, tolerance, scale, reference.config.num_hidden_layers)
+    assert float((runs[0] - runs[1]).abs().max()) <= allowed
+
+
+def test_amx_left_padding_reaches_the_multiple_for_fewer_tokens_than_it():
+    assert [amx_left_padding(rows, columns) for rows, columns in [(8, 57), (1, 456), (3, 100), (1, 65)]] == [
+        7, 56, 28, 63,
+    ]  # fmt: skip
+    # At or under 64 tokens, at a multiple already, or where the multiple takes 128 padding tokens or more: none.
+    assert [amx_left_padding(rows, columns) for rows, columns in [(1, 64), (16, 1), (1, 512), (5, 100)]] == [0] * 4
 
 
 def test_decode_steps_compute_in_f32_only_for_quantized_exports_under_auto_with_int8_dot_products(monkeypatch):

@@ -16,7 +16,9 @@ What runs where (docs/results/openvino_route_1b_cpu.md has the measurements):
 - prompts and prefill chunks (more than one token per row): OpenVINO;
 - `generate`'s greedy/sampling loop: every step in OpenVINO with the cache held in the request, where
   `OpenVinoRuntime.decodes_in_openvino` (an unquantized export, or two rows or more); one-token steps of a quantized
-  export's single row run in ONNX Runtime, whose `MatMulNBits` kernels decoded those faster;
+  export's single row run in ONNX Runtime, whose `MatMulNBits` kernels decoded those faster. A quantized export's
+  steps compute in f32 beside bf16 prompts where "auto" chose bf16 and the CPU has int8 dot products
+  (`decode_step_precision`: a second compiled graph, which takes the prompt's cache over once);
 - the server's prompts and running batch: the graph's paged form (`make_paged`, `decoders/paged.py`);
 - other one-token calls (`forward`, beam search): ONNX Runtime (`OpenVinoRuntime` routes each call by its length).
 The stateless hand-over works because the portable graph's cache is plain (batch, heads, length, head_dim) tensors:
@@ -83,15 +85,43 @@ def check_precision(precision: str) -> None:
 INT8_DOT_PRODUCT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 
-def cpu_has_int8_dot_products(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """Whether this CPU lists one of `INT8_DOT_PRODUCT_FLAGS` (VNNI or AMX int8); False where /proc/cpuinfo cannot
-    tell (other operating systems), which keeps `engine="auto"` on ONNX Runtime for quantized exports there."""
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    """The CPU's flags as /proc/cpuinfo lists them; empty where it cannot tell (other operating systems)."""
     try:
         text = cpuinfo.read_text()
     except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+        return []
+    return next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+
+
+def cpu_has_int8_dot_products(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU lists one of `INT8_DOT_PRODUCT_FLAGS` (VNNI or AMX int8); False where /proc/cpuinfo cannot
+    tell (other operating systems), which keeps `engine="auto"` on ONNX Runtime for quantized exports there."""
+    flags = cpu_flags(cpuinfo)
     return any(flag in flags for flag in INT8_DOT_PRODUCT_FLAGS)
+
+
+def cpu_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU lists AMX's bfloat16 tiles (`amx_bf16`), which OpenVINO's bf16 matrix products run on."""
+    return "amx_bf16" in cpu_flags(cpuinfo)
+
+
+# On AMX, OpenVINO's bf16 products over compressed weights take longer for a call whose token count (rows x columns)
+# falls short of a multiple of 128 than for the multiple above it: a Llama-3.2-1B-shaped int8 export's prompt of 456
+# tokens took 969 ms against 757 for 512, 448 tokens 831 ms, 96 tokens 227 ms against 205 for 128 (an Intel Xeon,
+# 2 threads; 1 thread alike: docs/results/openvino_prompt_sizes_1b_amx.md). Up to 64 tokens time grows with the
+# count. So `OpenVinoDecoder.start` pads such a prompt on the left, under a zero mask, to the multiple.
+AMX_TOKEN_MULTIPLE = 128
+
+
+def amx_left_padding(rows: int, columns: int) -> int:
+    """The columns of left padding that bring a call of `rows` x `columns` tokens to a multiple of
+    `AMX_TOKEN_MULTIPLE` for fewer than that many padding tokens; 0 for calls of 64 tokens or fewer, at a multiple
+    already, or where the multiple takes more padding."""
+    if rows * columns <= 64:
+        return 0
+    extra = next(extra for extra in range(AMX_TOKEN_MULTIPLE + 1) if rows * (columns + extra) % AMX_TOKEN_MULTIPLE == 0)
+    return extra if rows * extra < AMX_TOKEN_MULTIPLE else 0
 
 
 def openvino_precision(requested: str = "auto") -> str:
@@ -196,6 +226,13 @@ class OpenVinoDecoder:
         if self.step_precision != precision:
             self.step_compiled = self.compile(core, model, self.step_precision)
         self.logits_index = [port.get_any_name() for port in self.compiled.outputs].index("logits")
+        self.pads_prompts = precision == "bf16" and cpu_has_amx()  # `amx_left_padding`
+        if self.pads_prompts:
+            logger.info(
+                "OpenVINO: prompts padded on the left to a multiple of %d tokens, which AMX's bf16 products run "
+                "faster than the count below it",
+                AMX_TOKEN_MULTIPLE,
+            )
         # OpenVINO names each state by its past input and present output; the cache's order is the inputs'.
         self.state_order = {past + present: index for index, (past, present) in enumerate(pairs.items())}
         self.max_positions = max_positions
@@ -282,6 +319,9 @@ class OpenVinoDecoder:
         mask = torch.ones_like(input_ids) if attention_mask is None else torch.as_tensor(attention_mask)
         if not bool(mask[:, -1].all()):
             raise NotLeftPaddedError
+        if self.pads_prompts and (extra := amx_left_padding(*input_ids.shape)):
+            input_ids = torch.nn.functional.pad(input_ids, (extra, 0))  # token 0 under a zero mask: never attended
+            mask = torch.nn.functional.pad(mask, (extra, 0))
         positions = positions_from_mask(mask).numpy()  # as generate makes them
         mask = mask.to(torch.int64).numpy()
         state = OpenVinoState(self.new_request(), mask, positions[:, -1:] + 1)
