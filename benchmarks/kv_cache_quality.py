@@ -11,6 +11,10 @@ int4_domains.py saves its builds' (the cache precisions are the "builds"), and t
 
     python -m benchmarks.kv_cache_quality --folder /tmp/smol/onnx-int8-attention-portable --max-tokens 512 \\
         --json docs/results/kv_cache_quality.json --markdown docs/results/kv_cache_quality.md
+
+`--precisions f32 bf16` scores each compute precision with each cache type it takes (f32: float32, float16; bf16:
+bfloat16), the first the reference: what a decode step's compute precision costs, where a quantized export's
+products round their activations to int8 at f32 and compute in bfloat16 at bf16.
 """
 
 import argparse
@@ -25,6 +29,7 @@ from benchmarks.results.pages import write
 from benchmarks.results.quality import HELD_OUT, TUNING
 
 DTYPES = ("float32", "float16")  # the reference first: the page's changes are against it
+DTYPES_AT = {"f32": DTYPES, "bf16": ("bfloat16",)}  # the cache types OpenVINO's paged attention takes at each
 
 
 def decoded_scores(step_model, ids: list[int]) -> tuple[float, np.ndarray]:
@@ -47,6 +52,7 @@ def main() -> None:
     parser.add_argument("--folder", required=True, help="a portable export (vaswani export --attention portable)")
     parser.add_argument("--max-tokens", type=int, default=512, help="tokens scored per text, from its start")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--precisions", nargs="+", choices=sorted(DTYPES_AT), help="compute precisions (default: auto)")
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
@@ -56,9 +62,14 @@ def main() -> None:
     from vaswani.runtime import OrtModelForCausalLM, default_session_options
 
     tokenizer = AutoTokenizer.from_pretrained(args.folder)
-    model = OrtModelForCausalLM.from_pretrained(
-        args.folder, engine="openvino", session_options=default_session_options(args.threads)
-    )
+    # (compute precision, cache type) per build: the engine's own precision ("auto") with both cache types by default
+    variants = [
+        (precision, dtype) for precision in args.precisions or ["auto"] for dtype in DTYPES_AT.get(precision, DTYPES)
+    ]
+    label = {
+        (precision, dtype): f"{dtype} cache" if not args.precisions else f"{precision} compute, {dtype} cache"
+        for precision, dtype in variants
+    }
     sets = {TUNING: tuning_texts(), HELD_OUT: held_out_texts()}
     texts = {name: cut(text) for chosen in sets.values() for name, text in chosen.items()}
     build = describe_build(args.folder)
@@ -66,14 +77,16 @@ def main() -> None:
         "model": "SmolLM2-135M-Instruct, exported by vaswani export (the manifest says how)",
         "texts": {name: {"set": chosen, "characters": len(texts[name])} for chosen in sets for name in sets[chosen]},
         "builds": {
-            f"{dtype} cache": {
+            label[precision, dtype]: {
                 "folder": args.folder,
                 "engine": "openvino",
+                "openvino_precision": precision,
                 "kv_cache_dtype": dtype,
                 "weight_bytes": decoder_weight_bytes(args.folder),
-                "build": f"{build}, run by --engine openvino's paged batch, kv_cache_dtype={dtype}",
+                "build": f"{build}, run by --engine openvino's paged batch, openvino_precision={precision}, "
+                f"kv_cache_dtype={dtype}",
             }
-            for dtype in DTYPES
+            for precision, dtype in variants
         },
         "max_tokens": args.max_tokens,
         "threads": args.threads,
@@ -81,31 +94,46 @@ def main() -> None:
         "agreement": {},
     }
     predictions = {}
-    for dtype in DTYPES:
+    for precision, dtype in variants:
+        model = OrtModelForCausalLM.from_pretrained(
+            args.folder,
+            engine="openvino",
+            openvino_precision=precision,
+            session_options=default_session_options(args.threads),
+        )
         step_model = model.decoder_runtime.step_model(kv_cache_dtype=dtype)
         for name, text in texts.items():
             ids = text_ids(tokenizer, text, args.max_tokens)
-            total, predictions[dtype, name] = decoded_scores(step_model, ids)
+            total, predictions[label[precision, dtype], name] = decoded_scores(step_model, ids)
             scored = len(ids) - 1
-            raw["runs"].setdefault(f"{dtype} cache", {})[name] = {
+            raw["runs"].setdefault(label[precision, dtype], {})[name] = {
                 "perplexity": math.exp(total / scored), "mean_nll": total / scored, "tokens": scored,
             }  # fmt: skip
-            print(f"{dtype} {name}: perplexity {math.exp(total / scored):.3f} over {scored} tokens", flush=True)
-        del step_model
-    for name in texts:  # the share of positions whose most likely next token is the same under both caches
-        raw["agreement"][name] = float((predictions[DTYPES[0], name] == predictions[DTYPES[1], name]).mean())
+            print(f"{label[precision, dtype]} {name}: perplexity {math.exp(total / scored):.3f} over {scored} tokens")
+        del step_model, model
+    reference, *others = label.values()
+    for name in texts:  # the share of positions whose most likely next token is the same as under the reference
+        raw["agreement"][name] = {
+            other: float((predictions[reference, name] == predictions[other, name]).mean()) for other in others
+        }
+    compared = (
+        "the compute precision is the engine's default for the export, the same for both caches"
+        if not args.precisions
+        else "each build computes in the precision it names (at f32 a quantized export's products round their "
+        "activations to int8 in groups of 32; at bf16 they compute in bfloat16)"
+    )
     notes = [
         f"Build: `{args.folder}` ({build}). Each text cut to its first {args.max_tokens} tokens and scored as the "
         "server decodes it: one token per call, every earlier token's keys and values read back from the paged cache "
-        "(`PagedStepModel.infer`); the compute precision is the engine's default for the export, the same for both "
-        "caches. The tuning texts chose the int4 export's 8-bit budget default; the held-out texts "
-        "(benchmarks/texts/held_out/) chose nothing. The float16 cache holds half the bytes per token. Every table "
-        "figure is computed from the JSON's raw perplexities and token counts (`domain_tables` in "
-        "benchmarks/results/quality.py); the JSON's `agreement` is, per text, the share of positions whose most likely "
-        "next token is the same under both caches."
+        f"(`PagedStepModel.infer`); {compared}. The tuning texts chose the int4 export's 8-bit budget default; the "
+        "held-out texts (benchmarks/texts/held_out/) chose nothing. The float16 and bfloat16 caches hold half the "
+        "bytes per token. Every table figure is computed from the JSON's raw perplexities and token counts "
+        "(`domain_tables` in benchmarks/results/quality.py); the JSON's `agreement` is, per text, the share of "
+        f"positions whose most likely next token is the same as under the first build ({reference})."
     ]
+    title = "The paged KV cache in float16 against float32" if not args.precisions else "Decoding's compute precision"
     results = {
-        "title": "The paged KV cache in float16 against float32: perplexity on tuning and held-out texts",
+        "title": f"{title}: perplexity on tuning and held-out texts",
         "command": command_line(),
         "machine": machine(args.threads),
         "notes": notes,

@@ -124,8 +124,11 @@ class OpenVinoRuntime(PortableRuntime):
     def decodes_in_openvino(self, batch: int) -> bool:
         """Whether OpenVINO runs the decode steps of a `batch`-row generation: measured faster for unquantized
         exports at any batch and for quantized ones from two rows (at one row ONNX Runtime's `MatMulNBits` decode
-        steps were faster: docs/results/openvino_route_1b_cpu.md)."""
-        return self.model.manifest.get("quantization") is None or batch > 1
+        steps were faster: docs/results/openvino_route_1b_cpu.md), and at one row too where a quantized export's
+        steps compute in f32 beside bf16 prompts (`openvino.decode_step_precision`), the steps of OpenVINO GenAI's
+        fastest one-row setting (docs/results/benchmark_engines_openvino_steps_1b_amx.md)."""
+        split = self.openvino.step_precision != self.openvino.precision
+        return self.model.manifest.get("quantization") is None or batch > 1 or split
 
     @staticmethod
     def is_prompt(inputs: dict[str, torch.Tensor]) -> bool:
