@@ -199,7 +199,7 @@ def engine_compute(name: str, runs: list[dict | None], weights: str, described: 
         precision = openvino_compute(info, weights)
         steps = {name.removeprefix("steps "): value for name, value in info.items() if name.startswith("steps ")}
         if steps and openvino_compute(steps, weights) != precision:  # decode steps compiled apart, computing otherwise
-            return f"prompts {precision}; decode steps {openvino_compute(steps, weights)} (OpenVINO's calls)"
+            return f"{precision} for prompts; {openvino_compute(steps, weights)} for decode steps (OpenVINO's calls)"
         return precision + (" in OpenVINO's steps" if "--engine openvino" in name else "")
     if "--engine openvino" in name:
         return f"{'bf16' if computes_bfloat16(described) else 'fp32'} in OpenVINO's steps"

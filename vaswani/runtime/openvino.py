@@ -108,9 +108,9 @@ def cpu_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
 
 # On AMX, OpenVINO's bf16 products over compressed weights take longer for a call whose token count (rows x columns)
 # falls short of a multiple of 128 than for the multiple above it: a Llama-3.2-1B-shaped int8 export's prompt of 456
-# tokens took 969 ms against 757 for 512, 448 tokens 831 ms, 96 tokens 227 ms against 205 for 128 (an Intel Xeon,
-# 2 threads; 1 thread alike: docs/results/openvino_prompt_sizes_1b_amx.md). Up to 64 tokens time grows with the
-# count. So `OpenVinoDecoder.start` pads such a prompt on the left, under a zero mask, to the multiple.
+# tokens took 954 ms against 802 for 512, 448 tokens 878 ms, 96 tokens 236 ms against 215 for 128 (an Intel Xeon,
+# 2 threads: docs/results/openvino_prompt_sizes_1b_amx.md). Up to 64 tokens time grows with the count. So
+# `OpenVinoDecoder.start` pads such a prompt on the left, under a zero mask, to the multiple.
 AMX_TOKEN_MULTIPLE = 128
 
 
@@ -142,10 +142,11 @@ def decode_step_precision(requested: str, precision: str, quantized: bool) -> st
 
     Why: at f32 compute the CPU plugin multiplies int8/int4 weights by activations it quantizes to int8 (its dynamic
     quantization), reading the weights as they are stored; at bf16 it converts them to bf16 first. That conversion
-    costs more than AMX's bf16 products save when a call has a few rows, and less when it has hundreds: on an Intel
-    Xeon with AMX, a Llama-3.2-1B-shaped int8 export (`--block-size 128`) decodes a step of 8 rows in 62 ms at f32
-    against 113 at bf16, and a 512-token prompt takes 1521 ms at f32 against 757 at bf16
-    (docs/results/benchmark_engines_openvino_steps_1b_amx.md). An explicit "bf16" or "f32" keeps every call in it."""
+    costs more than AMX's bf16 products save when a call has a few rows, and less when it has hundreds. On an Intel
+    Xeon with AMX, a Llama-3.2-1B-shaped int8 export (`--block-size 128`) decodes 8 rows at 92.6 tok/s with f32
+    steps against 58.4 with bf16 ones, while OpenVINO GenAI's int8 takes 1172 ms for a 512-token prompt at f32
+    against 746 at bf16 (docs/results/benchmark_engines_openvino_steps_1b_amx.md and _bf16_steps_1b_amx.md). An
+    explicit "bf16" or "f32" keeps every call in it."""
     if requested == "auto" and precision == "bf16" and quantized and cpu_has_int8_dot_products():
         logger.info(
             "OpenVINO: prompts compute in bf16, decode steps of the quantized weights in f32 with int8 activations "
