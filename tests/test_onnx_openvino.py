@@ -188,6 +188,10 @@ def test_quantized_generate_prefills_in_bf16_and_steps_in_f32_within_pytorchs_er
         ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
     )
     assert step_runs.calls == 0 and len(step_requests) == 1  # two rows: every step in OpenVINO, one handover
+    # One row: ONNX Runtime's steps below ONE_ROW_OPENVINO_BYTES of graph files (this tiny export), OpenVINO's above.
+    assert not model.decoder_runtime.decodes_in_openvino(1)
+    monkeypatch.setattr(openvino_decoder, "ONE_ROW_OPENVINO_BYTES", model.decoder_runtime.graph_bytes)
+    assert model.decoder_runtime.decodes_in_openvino(1)
     assert step_requests[0].get_compiled_model().get_property("INFERENCE_PRECISION_HINT").to_string() == "f32"
     manifest = load_manifest(exports["portable-int8"])
     oracle = with_graph_weights(reference, exports["portable-int8"] / "model.onnx")

@@ -44,6 +44,7 @@ TABLE_MAKERS: dict[str, TableMaker] = {
     "serve_mixed": speed.serve_mixed_tables,
     "speculative": speed.speculative_tables,
     "paged_call_sizes": speed.paged_call_sizes_tables,
+    "one_row_steps": speed.one_row_steps_tables,
     "serve_workloads": serve_workloads.serve_workload_tables,
     "int4_domains": quality.domain_tables,
     "matmul_bounds": quality.matmul_bounds_tables,

@@ -275,10 +275,15 @@ def speculative_tables(raw: dict, described: dict) -> list[dict]:
     rounds, answers = raw["rounds"], raw["answers"]
     rows = [
         [
-            entry["round"], entry["tokens"], f"{entry['plain_tok_s']:.1f}", f"{entry['speculative_tok_s']:.1f}",
+            entry["round"],
+            entry["tokens"],
+            f"{entry['plain_tok_s']:.1f}",
+            f"{entry['speculative_tok_s']:.1f}",
             f"{entry['speculative_tok_s'] / entry['plain_tok_s']:.2f}x",
             f"{entry['accepted_tokens'] / entry['draft_tokens']:.2f}" if entry["draft_tokens"] else "–",
-            entry["draft_tokens"], entry["accepted_tokens"], f"{entry['identical_answers']}/{answers}",
+            entry["draft_tokens"],
+            entry["accepted_tokens"],
+            f"{entry['identical_answers']}/{answers}",
         ]  # fmt: skip
         for entry in rounds
     ]
@@ -306,3 +311,30 @@ def paged_call_sizes_tables(raw: dict, described: dict) -> list[dict]:
         rows.append([count, spread(values), f"{statistics.median(values) / count:.3f}"])
     heading = f"One call feeding one prompt's tokens; {runs[0]['description']}" if runs else "One call"
     return [table(heading, ["tokens", "ms: median (range)", "ms per token"], rows)]
+
+
+def one_row_steps_tables(raw: dict, described: dict) -> list[dict]:
+    """benchmarks/one_row_steps.py's page: milliseconds of a one-row decode step per export and route (median of the
+    rounds with their range), and ONNX Runtime's step over OpenVINO's per round (above 1: OpenVINO's is faster)."""
+    rows = []
+    for name in raw["exports"]:
+        steps = {
+            route: {
+                run["round"]: run["step_ms"] for run in raw["runs"] if run["export"] == name and run["route"] == route
+            }
+            for route in ("onnxruntime", "openvino")
+        }
+        ratios = [
+            steps["onnxruntime"][r] / steps["openvino"][r] for r in steps["openvino"] if r in steps["onnxruntime"]
+        ]
+        megabytes = f"{raw['weight_bytes'][name] / 1e6:.0f}"
+        rows.append([name, megabytes, spread(list(steps["onnxruntime"].values())), spread(list(steps["openvino"].values())),
+                     spread(ratios, digits=2)])  # fmt: skip
+    columns = [
+        "export",
+        "graph files, MB",
+        "ONNX Runtime, ms a step",
+        "OpenVINO f32, ms a step",
+        "ONNX Runtime / OpenVINO",
+    ]
+    return [table(f"One-row decode steps, {raw['new_tokens']} tokens after the prompt", columns, rows)]

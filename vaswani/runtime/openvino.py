@@ -18,7 +18,9 @@ What runs where (docs/results/openvino_route_1b_cpu.md has the measurements):
   `OpenVinoRuntime.decodes_in_openvino` (an unquantized export, or two rows or more); one-token steps of a quantized
   export's single row run in ONNX Runtime, whose `MatMulNBits` kernels decoded those faster. A quantized export's
   steps compute in f32 beside bf16 prompts where "auto" chose bf16 and the CPU has int8 dot products
-  (`decode_step_precision`: a second compiled graph, which takes the prompt's cache over once);
+  (`decode_step_precision`: a second compiled graph, which takes the prompt's cache over once), a single row's too
+  where the export is large (`decoders.openvino.ONE_ROW_OPENVINO_BYTES`);
+  on AMX at bf16 a prompt is padded on the left to a multiple of 128 tokens (`amx_left_padding`);
 - the server's prompts and running batch: the graph's paged form (`make_paged`, `decoders/paged.py`);
 - other one-token calls (`forward`, beam search): ONNX Runtime (`OpenVinoRuntime` routes each call by its length).
 The stateless hand-over works because the portable graph's cache is plain (batch, heads, length, head_dim) tensors:

@@ -2,8 +2,9 @@
 by OpenVINO for the CPU and made stateful (`openvino.OpenVinoDecoder`), beside ONNX Runtime's session of the same
 graph file. Prompts (calls of more than one token per row) run in OpenVINO; `generate`'s greedy/sampling loop and
 the server's running batch run every step in OpenVINO with the cache held inside, where `decodes_in_openvino` says
-it was measured faster; other one-token calls (`forward`, beam search, a quantized export's single row) run in ONNX
-Runtime. Both compile the same graph, so each one's present cache is the other's past.
+it was measured faster; other one-token calls (`forward`, beam search, a quantized export's single row unless its
+steps compute in f32 and the export is large: `OpenVinoRuntime.decodes_in_openvino`) run in ONNX Runtime. Both compile the same graph, so each
+one's present cache is the other's past.
 
 The server's batch is paged (`paged.PagedStepModel`: the same graph in OpenVINO's paged-attention form, each
 sequence's cache in blocks of its own, every prompt chunk and decode step in OpenVINO). Where the graph cannot take
@@ -37,6 +38,11 @@ from .portable import Array, OrtStepModel, PortableRuntime, RunningBatch
 logger = logging.getLogger(__name__)
 
 CPU = "CPUExecutionProvider"
+# Graph files (weights, the embedding table included) from which a quantized export's single row decodes in
+# OpenVINO's f32 steps rather than in ONNX Runtime: on an Intel Xeon with AMX, ONNX Runtime's steps were faster at
+# 135M (int8 and int4, 0.23-0.27 GB of files) and OpenVINO's at 1B (int4 speed-first and int8, 1.8-2.3 GB):
+# docs/results/one_row_steps_amx.md. Sizes between were not measured; below the bound they keep ONNX Runtime's.
+ONE_ROW_OPENVINO_BYTES = 10**9
 
 
 class OpenVinoRuntime(PortableRuntime):
@@ -112,6 +118,8 @@ class OpenVinoRuntime(PortableRuntime):
     def __init__(self, model: Any, openvino: OpenVinoDecoder):
         super().__init__(model)
         self.openvino = openvino
+        # The graph file and its external data (model.onnx, model.onnx.data): the weights a step reads.
+        self.graph_bytes = sum(path.stat().st_size for path in openvino.path.parent.glob(f"{openvino.path.name}*"))
 
     @property
     def provider(self) -> str:
@@ -124,11 +132,14 @@ class OpenVinoRuntime(PortableRuntime):
     def decodes_in_openvino(self, batch: int) -> bool:
         """Whether OpenVINO runs the decode steps of a `batch`-row generation: measured faster for unquantized
         exports at any batch and for quantized ones from two rows (at one row ONNX Runtime's `MatMulNBits` decode
-        steps were faster: docs/results/openvino_route_1b_cpu.md), and at one row too where a quantized export's
-        steps compute in f32 beside bf16 prompts (`openvino.decode_step_precision`), the steps of OpenVINO GenAI's
-        fastest one-row setting (docs/results/benchmark_engines_openvino_steps_1b_amx.md)."""
+        steps were faster: docs/results/openvino_route_1b_cpu.md). A quantized export's single row too where its
+        steps compute in f32 beside bf16 prompts (`openvino.decode_step_precision`) and its graph files hold
+        `ONE_ROW_OPENVINO_BYTES` or more: OpenVINO's f32 steps cost a fixed overhead more per call and read the
+        weights faster, so they win on large exports and lose on small ones (docs/results/one_row_steps_amx.md)."""
+        if self.model.manifest.get("quantization") is None or batch > 1:
+            return True
         split = self.openvino.step_precision != self.openvino.precision
-        return self.model.manifest.get("quantization") is None or batch > 1 or split
+        return split and self.graph_bytes >= ONE_ROW_OPENVINO_BYTES
 
     @staticmethod
     def is_prompt(inputs: dict[str, torch.Tensor]) -> bool:
