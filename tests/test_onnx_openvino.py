@@ -158,7 +158,9 @@ def test_greedy_generate_with_openvino_prompts_continues_in_onnxruntime_at_one_r
     assert torch.equal(tokens, alone)
 
 
-def test_quantized_generate_prefills_in_bf16_and_steps_in_f32_within_pytorchs_error(llama, exports, monkeypatch, caplog):
+def test_quantized_generate_prefills_in_bf16_and_steps_in_f32_within_pytorchs_error(
+    llama, exports, monkeypatch, caplog
+):
     """Under "auto", a quantized export on a CPU with bf16 and int8 dot products (both faked here, so any CPU runs it;
     OpenVINO emulates bf16 where the CPU lacks it) prefills in bf16 and decodes in a second graph compiled at f32,
     which takes the prompt's cache over once. The choice is logged, the provider says it, every step runs in the f32

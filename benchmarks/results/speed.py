@@ -328,8 +328,8 @@ def one_row_steps_tables(raw: dict, described: dict) -> list[dict]:
             steps["onnxruntime"][r] / steps["openvino"][r] for r in steps["openvino"] if r in steps["onnxruntime"]
         ]
         megabytes = f"{raw['weight_bytes'][name] / 1e6:.0f}"
-        rows.append([name, megabytes, spread(list(steps["onnxruntime"].values())), spread(list(steps["openvino"].values())),
-                     spread(ratios, digits=2)])  # fmt: skip
+        times = [spread(list(steps[route].values())) for route in ("onnxruntime", "openvino")]
+        rows.append([name, megabytes, *times, spread(ratios, digits=2)])
     columns = [
         "export",
         "graph files, MB",

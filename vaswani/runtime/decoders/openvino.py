@@ -3,8 +3,8 @@ by OpenVINO for the CPU and made stateful (`openvino.OpenVinoDecoder`), beside O
 graph file. Prompts (calls of more than one token per row) run in OpenVINO; `generate`'s greedy/sampling loop and
 the server's running batch run every step in OpenVINO with the cache held inside, where `decodes_in_openvino` says
 it was measured faster; other one-token calls (`forward`, beam search, a quantized export's single row unless its
-steps compute in f32 and the export is large: `OpenVinoRuntime.decodes_in_openvino`) run in ONNX Runtime. Both compile the same graph, so each
-one's present cache is the other's past.
+steps compute in f32 and the export is large: `OpenVinoRuntime.decodes_in_openvino`) run in ONNX Runtime. Both
+compile the same graph, so each one's present cache is the other's past.
 
 The server's batch is paged (`paged.PagedStepModel`: the same graph in OpenVINO's paged-attention form, each
 sequence's cache in blocks of its own, every prompt chunk and decode step in OpenVINO). Where the graph cannot take
