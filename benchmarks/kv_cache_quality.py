@@ -94,14 +94,17 @@ def main() -> None:
         "agreement": {},
     }
     predictions = {}
+    models = {}  # one load per compute precision; each cache type compiles its own paged graph from it
     for precision, dtype in variants:
-        model = OrtModelForCausalLM.from_pretrained(
-            args.folder,
-            engine="openvino",
-            openvino_precision=precision,
-            session_options=default_session_options(args.threads),
-        )
-        step_model = model.decoder_runtime.step_model(kv_cache_dtype=dtype)
+        if precision not in models:
+            models.clear()  # the previous precision's model is done with: free its weights first
+            models[precision] = OrtModelForCausalLM.from_pretrained(
+                args.folder,
+                engine="openvino",
+                openvino_precision=precision,
+                session_options=default_session_options(args.threads),
+            )
+        step_model = models[precision].decoder_runtime.step_model(kv_cache_dtype=dtype)
         for name, text in texts.items():
             ids = text_ids(tokenizer, text, args.max_tokens)
             total, predictions[label[precision, dtype], name] = decoded_scores(step_model, ids)
@@ -110,7 +113,7 @@ def main() -> None:
                 "perplexity": math.exp(total / scored), "mean_nll": total / scored, "tokens": scored,
             }  # fmt: skip
             print(f"{label[precision, dtype]} {name}: perplexity {math.exp(total / scored):.3f} over {scored} tokens")
-        del step_model, model
+        del step_model
     reference, *others = label.values()
     for name in texts:  # the share of positions whose most likely next token is the same as under the reference
         raw["agreement"][name] = {
