@@ -58,6 +58,16 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
+    from vaswani.runtime.openvino import openvino_precision
+
+    if not args.precisions and len(DTYPES_AT[openvino_precision("auto")]) < 2:
+        # The default compares cache types at the engine's own precision; bf16 compute's paged attention takes one.
+        parser.error(
+            "OpenVINO computes in bf16 on this CPU, and its paged attention takes only a bfloat16 cache there, so "
+            "there are no two cache types to compare: pass --precisions f32 (float32 against float16 caches at f32 "
+            "compute) or --precisions f32 bf16 (what each compute precision costs)."
+        )
+
     from vaswani.evaluation.perplexity import text_ids
     from vaswani.runtime import OrtModelForCausalLM, default_session_options
 

@@ -179,3 +179,36 @@ def test_openvino_builds_are_scored_by_the_openvino_engine_and_labelled_so(tmp_p
         and published["builds"]["fp32"]["engine"] == "onnxruntime"
     )
     assert published["builds"]["int8 ov"]["build"].endswith("run by --engine openvino")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "f32"])
+def test_the_cache_quality_page_refuses_a_default_run_with_one_cache_type_and_names_the_fix(
+    precision, tmp_path, monkeypatch, capsys
+):
+    """Without --precisions, kv_cache_quality.py compares float32 and float16 caches at OpenVINO's own compute
+    precision; where that is bf16 (a CPU with AVX512_BF16 or AMX) the paged attention takes only bfloat16, so the
+    run stops at once with the two ways to run it, before loading anything. At f32 it goes on to load the folder."""
+    import sys
+
+    import transformers
+
+    pytest.importorskip("openvino")
+    from benchmarks import kv_cache_quality
+    from vaswani.runtime import openvino
+
+    class Loading(Exception):
+        pass
+
+    def load(*args, **kwargs):
+        raise Loading
+
+    monkeypatch.setattr(openvino, "openvino_precision", lambda requested="auto": precision)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", load)
+    monkeypatch.setattr(sys, "argv", ["kv_cache_quality", "--folder", str(tmp_path), "--json", str(tmp_path / "j")])
+    if precision == "f32":
+        with pytest.raises(Loading):
+            kv_cache_quality.main()
+        return
+    with pytest.raises(SystemExit) as raised:
+        kv_cache_quality.main()
+    assert raised.value.code == 2 and "--precisions f32" in capsys.readouterr().err
