@@ -6,6 +6,16 @@ import statistics
 
 from benchmarks.results.cells import paired_ratios, spread, table
 
+# What ggml's CPU kernels multiply a GGUF type's weights by: activations rounded to the type's `vec_dot_type`
+# (ggml-cpu.c's type traits), int8 with a scale per block of 32 (Q8_0, Q8_1) or 256 (Q8_K); the repacked x86
+# kernels of Q4_0 take the same Q8_0 blocks.
+GGML_ACTIVATIONS = {
+    "Q8_0": "int8 activations in blocks of 32 (ggml's Q8_0)",
+    "Q4_0": "int8 activations in blocks of 32 (ggml's Q8_0)",
+    "Q4_1": "int8 activations in blocks of 32 (ggml's Q8_1)",
+    "Q4_K_M": "int8 activations in blocks of 256 (ggml's Q8_K)",
+}
+
 
 def computes_bfloat16(described: dict) -> bool:
     """Whether the machine's CPU has bfloat16 arithmetic (AVX512_BF16 or AMX), where OpenVINO's CPU plugin computes
@@ -207,6 +217,8 @@ def engine_compute(name: str, runs: list[dict | None], weights: str, described: 
         return weights
     if name.startswith("vaswani ORT"):
         return "int8 activations (accuracy level 4)"
+    if name.startswith("llama.cpp "):
+        return GGML_ACTIVATIONS.get(name.removeprefix("llama.cpp "), "not recorded")
     return "not recorded"
 
 
