@@ -19,6 +19,11 @@ then over rounds:
 - run overhead: the graph run's time outside its nodes (ONNX Runtime's own work per run);
 - loop: the time between one run's end and the next run's start (the generation loop: picking the token, feeding it).
 
+An export named with `--openvino NAME` runs through `--engine openvino` instead, profiled by OpenVINO's own
+counters (`PERF_COUNT`): each call of the decoder's OpenVINO graph is a run, its executed nodes its kernels. There the
+weight products are the CPU plugin's FullyConnected nodes (the graph's MatMulNBits, compressed), attention its
+ScaledDotProductAttention and RoPE nodes, and the read rate counts every weight product's bytes once per step.
+
 `--prompt-step` profiles the prompt's run instead, the time to first token (its loop is 0), one per round:
 
     python -m benchmarks.profile_decode int8=outputs/engines-benchmark/vaswani-onnx-int8 \
@@ -40,6 +45,9 @@ from benchmarks.results.pages import render, write
 
 WEIGHT_PRODUCTS = ("MatMulNBits", "MatMul", "Gemm")
 ATTENTION = ("GroupQueryAttention", "Attention", "MultiHeadAttention", "RotaryEmbedding")
+# OpenVINO's CPU plugin names (its profiling info's node types) for the same parts.
+OPENVINO_WEIGHT_PRODUCTS = ("FullyConnected", "FullyConnectedCompressed")
+OPENVINO_ATTENTION = ("ScaledDotProductAttention", "ScaledDotProductAttentionWithKVCache", "RoPE")
 
 
 def generate_vaswani(folder: Path, prompts: list[list[int]], new_tokens: int, threads: int, profile_dir: Path) -> str:
@@ -56,6 +64,60 @@ def generate_vaswani(folder: Path, prompts: list[list[int]], new_tokens: int, th
     ids = torch.tensor(prompts)
     model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
     return model.graphs[model.decoding_graph].session.end_profiling()
+
+
+def generate_openvino(folder: Path, prompts: list[list[int]], new_tokens: int, threads: int, profile_dir: Path) -> str:
+    """Greedy generation by vaswani's `--engine openvino` with OpenVINO's performance counters on; every call of the
+    OpenVINO graph (`OpenVinoDecoder.infer`) and its executed nodes written as ONNX Runtime's profiler writes runs and
+    kernels (microseconds), so that `summarize` reads both. The trace's path."""
+    import time
+
+    import openvino
+    import torch
+
+    from vaswani.runtime import OrtModelForCausalLM, default_session_options
+    from vaswani.runtime.openvino import OpenVinoDecoder
+
+    compile_model, infer = openvino.Core.compile_model, OpenVinoDecoder.infer
+    events, reading = [], [0.0]  # reading: seconds spent reading the counters so far, kept out of the timeline
+    generating = [False]  # the load's own call (the steps' graph run once) is not the generation's
+
+    def counted_compile(core, model, device=None, config=None, **kwargs):
+        return compile_model(core, model, device, {**(config or {}), "PERF_COUNT": True}, **kwargs)
+
+    def profiled_infer(decoder, request, *args):
+        if not generating[0]:
+            return infer(decoder, request, *args)
+        start = time.perf_counter()
+        logits = infer(decoder, request, *args)
+        end = time.perf_counter()
+        at = (start - reading[0]) * 1e6
+        events.append({"cat": "Session", "name": "model_run", "ts": at, "dur": (end - start) * 1e6})
+        executed = (info for info in request.get_profiling_info() if info.status == info.Status.EXECUTED)
+        for info in executed:  # OpenVINO gives durations, not start times: each is placed at its run's start
+            kernel = {"name": f"{info.node_name}_kernel_time", "ts": at, "args": {"op_name": info.node_type}}
+            events.append({"cat": "Node", "dur": info.real_time.total_seconds() * 1e6, **kernel})
+        reading[0] += time.perf_counter() - end  # about 3 ms a call at 135M: not the generation loop's
+        return logits
+
+    openvino.Core.compile_model, OpenVinoDecoder.infer = counted_compile, profiled_infer
+    try:
+        torch.set_num_threads(threads)
+        options = default_session_options(threads)
+        model = OrtModelForCausalLM.from_pretrained(folder, engine="openvino", session_options=options)
+        ids, generating[0] = torch.tensor(prompts), True
+        model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    finally:
+        openvino.Core.compile_model, OpenVinoDecoder.infer = compile_model, infer
+    runs = sum(event["name"] == "model_run" for event in events)
+    if runs < 2:
+        sys.exit(
+            f"{folder}: OpenVINO ran only the prompt; this export's single row decodes in ONNX Runtime (see "
+            "ONE_ROW_OPENVINO_BYTES in vaswani/runtime/decoders/openvino.py). Profile it without --openvino."
+        )
+    trace = profile_dir / "openvino.json"
+    trace.write_text(json.dumps(events))
+    return str(trace)
 
 
 def generate_ortgenai(folder: Path, prompts: list[list[int]], new_tokens: int, threads: int, profile_dir: Path) -> str:
@@ -116,7 +178,11 @@ def summarize(trace_path: Path, graph_path: Path, skip: int, prompt_step: bool =
         if node in products:
             per_run[index]["weight products"] += event["dur"]
             per_run[index]["bytes"] += products[node]
-        elif op in ATTENTION:
+        elif op in OPENVINO_WEIGHT_PRODUCTS:
+            # OpenVINO's nodes are not the graph's: a run that multiplies by weights reads them all once.
+            per_run[index]["weight products"] += event["dur"]
+            per_run[index]["bytes"] = sum(products.values())
+        elif op in ATTENTION or op in OPENVINO_ATTENTION:
             per_run[index]["attention"] += event["dur"]
         else:
             per_run[index]["other nodes"] += event["dur"]
@@ -139,8 +205,9 @@ def run_worker(name: str, folder: Path, args: argparse.Namespace) -> dict[str, f
     """One profiled generation in a fresh process (onnxruntime-genai's in its own venv), summarized here."""
     genai = (folder / "genai_config.json").is_file()
     python = args.engines / "ortgenai" / "bin" / "python" if genai else Path(sys.executable)
+    engine = "ortgenai" if genai else "openvino" if name in args.openvino else "vaswani"
     with tempfile.TemporaryDirectory() as scratch:
-        worker = ["--worker", "ortgenai" if genai else "vaswani", str(folder), scratch]
+        worker = ["--worker", engine, str(folder), scratch]
         command = [str(python), "-m", __spec__.name, *worker]
         command += ["--prompt", str(args.prompt), "--batch", str(args.batch), "--new-tokens", str(args.new_tokens)]
         command += ["--threads", str(args.threads)]
@@ -165,6 +232,9 @@ def main() -> None:
     parser.add_argument(
         "--prompt-step", action="store_true", help="profile the prompt's run (time to first token), not decode steps"
     )
+    parser.add_argument(
+        "--openvino", action="append", default=[], metavar="NAME", help="run this export with --engine openvino"
+    )
     parser.add_argument("--markdown", type=Path, help="also write the table here")
     parser.add_argument(
         "--json", type=Path, help="the results as JSON (per round, per export); --markdown is rendered from it"
@@ -177,10 +247,12 @@ def main() -> None:
     ]
     if args.worker:
         engine, folder, profile_dir = args.worker
-        generate = generate_ortgenai if engine == "ortgenai" else generate_vaswani
+        generate = {"ortgenai": generate_ortgenai, "openvino": generate_openvino}.get(engine, generate_vaswani)
         print(generate(Path(folder), prompts, args.new_tokens, args.threads, Path(profile_dir)))
         return
     exports = dict(pair.split("=", 1) for pair in args.exports)
+    if set(args.openvino) - set(exports):
+        parser.error(f"--openvino names {sorted(set(args.openvino) - set(exports))}, which no NAME=FOLDER gives")
     results: dict[str, list[dict]] = {name: [] for name in exports}
     for round_index in range(args.rounds):
         names = list(exports)[round_index % len(exports) :] + list(exports)[: round_index % len(exports)]
@@ -190,7 +262,8 @@ def main() -> None:
             parts = ", ".join(f"{part} {summary[part]:.0f}" for part in PARTS)
             print(f"round {round_index + 1} {name}: {parts} us; {summary['GB/s']:.1f} GB/s", flush=True)
     settings = {
-        key: getattr(args, key) for key in ("prompt", "batch", "new_tokens", "threads", "rounds", "skip", "prompt_step")
+        key: getattr(args, key)
+        for key in ("prompt", "batch", "new_tokens", "threads", "rounds", "skip", "prompt_step", "openvino")
     }
     title = "Where the prompt step's time goes" if args.prompt_step else "Where a decode step's time goes"
     # The page's table is computed from the rounds when it is rendered (results.profile_tables).

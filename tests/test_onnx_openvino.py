@@ -699,3 +699,25 @@ def test_stateful_openvino_runs_a_decoder_without_position_ids(tmp_path):
     assert "position_ids" not in model.graphs["model"].inputs
     tokens = model.generate(ids, **options)
     assert torch.equal(tokens, OrtModelForCausalLM.from_pretrained(folder).generate(ids, **options))
+
+
+def test_the_decode_profiler_reads_openvinos_counters_for_each_call(exports, tmp_path):
+    """`benchmarks/profile_decode.py --openvino`: each OpenVINO call of a generation is a run holding its executed
+    nodes, so that a decode step splits into weight products (the CPU plugin's FullyConnected nodes), attention and
+    the rest inside the call's time, and the loop between calls. The counters are off again afterwards. A single row
+    of a small quantized export decodes in ONNX Runtime: the profiler says so and stops."""
+    import openvino
+
+    from benchmarks.profile_decode import generate_openvino, summarize
+
+    folder = exports["portable-int8"]
+    compile_model = openvino.Core.compile_model
+    trace = Path(generate_openvino(folder, [[5, 6, 7, 8], [9, 10, 11, 12]], 6, 1, tmp_path))
+    assert openvino.Core.compile_model is compile_model
+    events = json.loads(trace.read_text())
+    assert sum(event["name"] == "model_run" for event in events) == 6  # the prompt's call and 5 steps of 2 rows
+    summary = summarize(trace, folder / "model.onnx", skip=1)
+    assert summary["steps"] == 3 and summary["weight products"] > 0 and summary["attention"] > 0
+    assert summary["run overhead"] >= 0 and summary["loop"] >= 0 and summary["GB/s"] > 0
+    with pytest.raises(SystemExit, match="without --openvino"):
+        generate_openvino(folder, [[5, 6, 7, 8]], 6, 1, tmp_path)

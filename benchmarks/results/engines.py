@@ -264,4 +264,12 @@ def profile_tables(raw: dict, described: dict) -> list[dict]:
         f"alternating rounds; microseconds per step, median over steps (the first {settings['skip']} left out), then "
         "over rounds."
     ]
+    if settings.get("openvino"):  # pages made before --openvino profiled ONNX Runtime only
+        made["text"].append(
+            f"Run through `--engine openvino` and profiled by OpenVINO's performance counters: "
+            f"{', '.join(settings['openvino'])}. There the weight products are the CPU plugin's FullyConnected nodes, "
+            "attention its ScaledDotProductAttention and RoPE nodes, run overhead the call's time outside its nodes "
+            "(Python's feeds and the logits' copy included), and the read rate counts every weight product's bytes "
+            "once per step."
+        )
     return [made]
