@@ -190,14 +190,16 @@ def test_gqa_batch_rows_join_mid_stream_leave_early_and_grow_its_buffers_as_gene
 
 class RecordingGqaStepModel(GqaStepModel):
     """The step model, recording (rows, columns) of every prefill call and (rows, capacity) of every decoding step.
-    Clearing `gate` holds the next decoding step until it is set again (`held` says a step is waiting): requests
-    submitted meanwhile reach the scheduler together, however slowly a busy machine runs the submitting thread."""
+    With `hold_at` n, the decoding step after the first n waits for `gate` (`held` says it is waiting): requests
+    submitted meanwhile reach the scheduler together, at the same point of the running answer in every run, however
+    slowly a busy machine runs either thread (where they join decides which calls compute which tokens, and a call's
+    size can change a quantized graph's rounding)."""
 
-    def __init__(self, model):
+    def __init__(self, model, hold_at: int | None = None):
         super().__init__(model, model.decoder_runtime.decoder)
         self.prefills, self.steps = [], []
+        self.hold_at = hold_at
         self.gate, self.held = threading.Event(), threading.Event()
-        self.gate.set()
         run = self.decoder.run
 
         def recorded(input_ids, *args):
@@ -212,7 +214,7 @@ class RecordingGqaStepModel(GqaStepModel):
         original = batch.step
 
         def step(tokens):
-            if not step_model.gate.is_set():
+            if len(step_model.steps) == step_model.hold_at:
                 step_model.held.set()
                 step_model.gate.wait(timeout=30)
             logits = original(tokens)
@@ -228,7 +230,7 @@ def test_engine_on_the_gqa_form_prefills_in_chunks_beside_running_rows(offline, 
     join in chunks of 5 columns while a long answer decodes, leave at their own lengths, and all answers equal offline
     `generate`."""
     model = offline("int4")
-    step = RecordingGqaStepModel(model)
+    step = RecordingGqaStepModel(model, hold_at=3)  # the five arrive together, after the long answer's 3rd step
     engine = Scheduler(step, max_batch=8, max_num_batched_tokens=1 + 5 + 5 * 5)  # 5 columns for 5 rows beside 1
     prompts = [chat_prompt(tokenizer, question) for question in QUESTIONS[:5]]
     lengths = [7, 30, 3, 18, 12]
@@ -247,9 +249,6 @@ def test_engine_on_the_gqa_form_prefills_in_chunks_beside_running_rows(offline, 
     engine.start()
     try:
         engine.submit(first, SamplingParams(max_tokens=120, **params), emitter(len(prompts)))
-        while len(answers[len(prompts)]) < 3:
-            threading.Event().wait(0.001)
-        step.gate.clear()  # the five arrive together, during one step of the long answer
         assert step.held.wait(timeout=30)
         for index, prompt in enumerate(prompts):
             engine.submit(prompt, SamplingParams(max_tokens=lengths[index], **params), emitter(index))
