@@ -718,6 +718,7 @@ def test_the_decode_profiler_reads_openvinos_counters_for_each_call(exports, tmp
     assert sum(event["name"] == "model_run" for event in events) == 6  # the prompt's call and 5 steps of 2 rows
     summary = summarize(trace, folder / "model.onnx", skip=1)
     assert summary["steps"] == 3 and summary["weight products"] > 0 and summary["attention"] > 0
-    assert summary["run overhead"] >= 0 and summary["loop"] >= 0 and summary["GB/s"] > 0
+    # Not the call's overhead: on a busy machine OpenVINO's node counters can add up to more than the call's time.
+    assert summary["loop"] >= 0 and summary["GB/s"] > 0
     with pytest.raises(SystemExit, match="without --openvino"):
         generate_openvino(folder, [[5, 6, 7, 8]], 6, 1, tmp_path)
