@@ -722,3 +722,23 @@ def test_the_decode_profiler_reads_openvinos_counters_for_each_call(exports, tmp
     assert summary["loop"] >= 0 and summary["GB/s"] > 0
     with pytest.raises(SystemExit, match="without --openvino"):
         generate_openvino(folder, [[5, 6, 7, 8]], 6, 1, tmp_path)
+
+
+def test_openvino_warns_of_weights_whose_rows_are_not_whole_blocks(llama, exports, tmp_path, caplog):
+    """A quantized export whose rows (K) are not a whole number of blocks loads with a warning that names the K, the
+    block and the fix: OpenVINO's CPU plugin keeps such int8 weights as float32. The tiny Llama's rows are 64 and 128
+    long: block 32 divides both (no warning), block 128 not the 64."""
+    _, folder = llama
+    with trace_onnx(folder, task="text-generation") as traced:
+        partial = traced.export(
+            tmp_path / "block128", validate=False, quantize=Quantization.of("int8", block_size=128),
+            attention="portable",
+        ).folder  # fmt: skip
+    for export, warned in ((exports["portable-int8"], False), (partial, True)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="vaswani.runtime.openvino"):
+            OrtModelForCausalLM.from_pretrained(export, engine="openvino")
+        messages = [record.getMessage() for record in caplog.records]
+        messages = [message for message in messages if "whole number of blocks" in message]
+        assert bool(messages) == warned, export
+    assert "K=64 at block 128" in messages[0] and "--block-size" in messages[0]

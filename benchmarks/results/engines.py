@@ -138,7 +138,7 @@ def engine_tables(raw: dict, described: dict) -> list[dict]:
         rows.append([
             name, spread([second * 1e3 for second in seconds], 0),
             spread(paired_ratios(list(map(ttft, reference)), list(map(ttft, runs))), 2), prompt_rate,
-            f"{first_difference(tokens, reference_tokens)}/{len(tokens)}", raw["texts"][name],
+            f"{first_difference(tokens, reference_tokens)}/{len(tokens)}", one_line(raw["texts"][name]),
         ])  # fmt: skip
     made.append(
         table(
@@ -220,6 +220,11 @@ def engine_compute(name: str, runs: list[dict | None], weights: str, described: 
     if name.startswith("llama.cpp "):
         return GGML_ACTIVATIONS.get(name.removeprefix("llama.cpp "), "not recorded")
     return "not recorded"
+
+
+def one_line(text: str) -> str:
+    """A decoded text as one table cell: its line breaks (random weights decode "\r" too) as spaces."""
+    return text.replace("\r", " ").replace("\n", " ")
 
 
 def first_difference(tokens: list[int], reference: list[int]) -> int:

@@ -218,6 +218,7 @@ class OpenVinoDecoder:
         self.path, self.precision, self.threads = Path(path), precision, threads
         self.step_precision = step_precision or precision
         core, model = read_graph(self.path)
+        warn_partial_blocks(self.path)
         self.input_names = [port.get_any_name() for port in model.inputs]  # the stateless graph's, for `run`
         self.output_names = [port.get_any_name() for port in model.outputs]
         pairs = make_stateful(model, manifest)
@@ -411,6 +412,28 @@ def linked_data_message(folder: Path, name: str, data: Path, error: Exception) -
         f"failed ({error}). Copy the folder without links (cp -rL, or huggingface_hub's "
         f"snapshot_download(..., local_dir=...)) and load the copy."
     )
+
+
+def warn_partial_blocks(path: Path) -> None:
+    """Warn where the graph's `MatMulNBits` weights have a row length (K) that is not a multiple of their block
+    size: OpenVINO's CPU plugin keeps such int8 weights as float32 (measured: SmolLM2-360M's K=960 at `--block-size
+    128` decoded 8 rows at half the speed of block 32, docs/results/benchmark_engines_openvino_block32_360m_amx.md)."""
+    import onnx
+
+    partial = {}
+    for node in onnx.load(str(path), load_external_data=False).graph.node:
+        if node.op_type == "MatMulNBits":
+            attributes = {attribute.name: onnx.helper.get_attribute_value(attribute) for attribute in node.attribute}
+            if attributes["K"] % attributes["block_size"]:
+                partial[attributes["K"]] = attributes["block_size"]
+    if partial:
+        rows = ", ".join(f"K={k} at block {block}" for k, block in sorted(partial.items()))
+        logger.warning(
+            "Quantized weights whose rows are not a whole number of blocks (%s): OpenVINO's CPU plugin keeps such "
+            "int8 weights as float32, reading 4 bytes a weight. For --engine openvino, export with a --block-size "
+            "that divides every K (e.g. 32).",
+            rows,
+        )
 
 
 def make_stateful(model: Any, manifest: dict) -> dict[str, str]:
