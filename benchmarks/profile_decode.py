@@ -167,6 +167,7 @@ def summarize(trace_path: Path, graph_path: Path, skip: int, prompt_step: bool =
     runs = sorted((event for event in trace if event.get("name") == "model_run"), key=lambda event: event["ts"])
     starts = [run["ts"] for run in runs]
     products = weight_bytes(graph_path)
+    every_product = sum(products.values())  # what an OpenVINO run that multiplies by weights reads
     per_run = [dict.fromkeys(("weight products", "attention", "other nodes", "bytes"), 0.0) for _ in runs]
     for event in trace:
         if event.get("cat") != "Node" or not event["name"].endswith("_kernel_time"):
@@ -181,7 +182,7 @@ def summarize(trace_path: Path, graph_path: Path, skip: int, prompt_step: bool =
         elif op in OPENVINO_WEIGHT_PRODUCTS:
             # OpenVINO's nodes are not the graph's: a run that multiplies by weights reads them all once.
             per_run[index]["weight products"] += event["dur"]
-            per_run[index]["bytes"] = sum(products.values())
+            per_run[index]["bytes"] = every_product
         elif op in ATTENTION or op in OPENVINO_ATTENTION:
             per_run[index]["attention"] += event["dur"]
         else:
