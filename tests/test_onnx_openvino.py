@@ -10,6 +10,7 @@ import copy
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -68,8 +69,9 @@ def llama(tmp_path_factory) -> tuple[LlamaForCausalLM, Path]:
 @pytest.fixture(scope="module")
 def exports(llama) -> dict[str, Path]:
     """The Llama folder exported portable (fp32; what OpenVINO reads), in the default int8 form (ONNX Runtime's
-    GroupQueryAttention, which it cannot), in int8 portable, and in int4 portable computing in float32 (accuracy level
-    0; every body matrix in 4 bits with zero points, the head in 8)."""
+    GroupQueryAttention, which OpenVINO cannot read, with the portable graph it carries for OpenVINO), the same without
+    that graph (as exports were written before they carried it), in int8 portable, and in int4 portable computing in
+    float32 (accuracy level 0; every body matrix in 4 bits with zero points, the head in 8)."""
     _, folder = llama
     forms = {
         "portable": {},
@@ -81,10 +83,23 @@ def exports(llama) -> dict[str, Path]:
         },
     }
     with trace_onnx(folder, task="text-generation") as traced:  # one trace, every form derived from it
-        return {
+        folders = {
             name: traced.export(folder.parent / name, validate=False, **options).folder
             for name, options in forms.items()
         }
+    folders["gqa-int8-alone"] = without_portable_graph(folders["gqa-int8"], folder.parent / "gqa-int8-alone")
+    return folders
+
+
+def without_portable_graph(folder: Path, copy: Path) -> Path:
+    """A copy of a GroupQueryAttention-form export without the portable graph it carries."""
+    shutil.copytree(folder, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for graph in manifest.pop("portable_form")["graphs"].values():
+        (copy / graph["file"]).unlink()
+        (copy / f"{graph['file']}.data").unlink()
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
 
 
 def left_padded(batch_lengths: list[int], length: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -339,7 +354,7 @@ def test_auto_picks_bf16_and_the_openvino_route_exactly_where_openvino_lists_bf1
     assert openvino_precision("f32") == "f32"
     with pytest.raises(ValueError, match="'auto', 'f32', 'bf16'"):
         openvino_precision("fp16")
-    portable, gqa = (load_manifest(exports[name]) for name in ("portable", "gqa-int8"))
+    portable, gqa = (load_manifest(exports[name]) for name in ("portable", "gqa-int8-alone"))
     assert chosen_engine("auto", portable, "CPUExecutionProvider") == ("openvino" if has_bf16 else "onnxruntime")
     assert chosen_engine("auto", gqa, "CPUExecutionProvider") == "onnxruntime"
     assert chosen_engine("auto", portable, "CUDAExecutionProvider") == "onnxruntime"
@@ -355,21 +370,24 @@ def test_auto_takes_the_route_for_quantized_exports_where_the_cpu_has_int8_dot_p
 ):
     """Without bfloat16, OpenVINO's f32 lost to ONNX Runtime on an AVX2-only CPU, while with VNNI its int8 products
     ran quantized exports faster (docs/deployment.md): the route for a quantized portable export where the CPU has
-    either, for an fp32 export only with bfloat16, never for the GroupQueryAttention form. Each choice is logged."""
+    either, and for the default export, through the portable graph it carries; for an fp32 export only with bfloat16;
+    never for a GroupQueryAttention form without its portable graph. Each choice is logged."""
     from vaswani.runtime.decoders import openvino as openvino_runtime
 
     monkeypatch.setattr(openvino_runtime, "openvino_precision", lambda requested="auto": "bf16" if bf16 else "f32")
     monkeypatch.setattr(openvino_runtime, "cpu_has_int8_dot_products", lambda: int8_dot_products)
-    manifests = {name: load_manifest(exports[name]) for name in ("portable", "portable-int8", "gqa-int8")}
+    names = ("portable", "portable-int8", "gqa-int8", "gqa-int8-alone")
+    manifests = {name: load_manifest(exports[name]) for name in names}
     caplog.set_level(logging.INFO, logger="vaswani.runtime.decoders")
     chosen = {name: chosen_engine("auto", manifest, "CPUExecutionProvider") for name, manifest in manifests.items()}
     assert chosen == {
         "portable": "openvino" if bf16 else "onnxruntime",
         "portable-int8": "openvino" if bf16 or int8_dot_products else "onnxruntime",
-        "gqa-int8": "onnxruntime",
+        "gqa-int8": "openvino" if bf16 or int8_dot_products else "onnxruntime",
+        "gqa-int8-alone": "onnxruntime",
     }
     said = [record.getMessage() for record in caplog.records]
-    assert len([line for line in said if line.startswith("engine='auto' runs") and "OpenVINO" in line]) == 3
+    assert len([line for line in said if line.startswith("engine='auto' runs") and "OpenVINO" in line]) == 4
 
 
 def test_int8_dot_products_are_read_from_the_cpu_flags(tmp_path):
@@ -381,10 +399,11 @@ def test_int8_dot_products_are_read_from_the_cpu_flags(tmp_path):
     assert not cpu_has_int8_dot_products(tmp_path / "missing")  # another operating system: ONNX Runtime stays
 
 
-def test_groupqueryattention_form_is_refused_with_the_fix(exports, capsys):
-    """The default quantized form holds ONNX Runtime-only operators: loading it, validating it and reading its graph
-    directly each say so and name `vaswani export --attention portable`."""
-    folder = exports["gqa-int8"]
+def test_groupqueryattention_form_without_its_portable_graph_is_refused_with_the_fix(exports, capsys):
+    """The default quantized form holds ONNX Runtime-only operators: where the export lacks the portable graph beside
+    it (written before exports carried one), loading it, validating it and reading its graph directly each say so
+    and name `vaswani export --attention portable`."""
+    folder = exports["gqa-int8-alone"]
     with pytest.raises(ValueError, match="GroupQueryAttention.*--attention portable"):
         OrtModelForCausalLM.from_pretrained(folder, engine="openvino")
     with pytest.raises(ValueError, match="GroupQueryAttention.*--attention portable"):

@@ -16,9 +16,10 @@ from ..folders import staged_folder
 from ..quantization import Quantization
 from ..quantization.int4 import calibrate
 from ..quantization.matmul_check import quantized_matmul_errors, record_graphs
-from ..runtime.contract import Decision, load_manifest, write_manifest
+from ..runtime.contract import FORM_PORTABLE, Decision, is_gqa_form, load_manifest, write_manifest
 from .decoder_attention import fuse_decoder_attention_file
 from .gqa_rewrite import attention_form_plan, rewrite_decoder_attention
+from .portable_form import keep_portable_graph, write_portable_graph
 from .postprocess import optimize_graph
 from .validation import ValidationReport, validate_onnx_export
 
@@ -71,7 +72,7 @@ def derive_form(
         # while the float graphs exist.
         say("Recording each weight MatMul's float32 inputs and outputs, to judge every quantized matrix alone")
         recordings = record_graphs(traced.folder)
-    form = {}
+    form, kept = {}, None
     with staged_folder(output_dir) as staging:
         for path in traced.folder.iterdir():
             (shutil.move if last else shutil.copy2)(path, staging / path.name)
@@ -98,6 +99,8 @@ def derive_form(
                         f"weight row and stay 4-bit whatever their sensitivity: {unscored_matmuls[spec.name]}"
                     )
             if wants_gqa and spec.name == "model":
+                # The CPU's other engine (OpenVINO) reads only the portable graph: kept for it, over the same weights.
+                kept = keep_portable_graph(path) if traced.device == "cpu" else None
                 form = rewrite_decoder_attention(
                     path, traced.export_model, traced.task, traced.dtype, traced.device, say
                 )
@@ -110,6 +113,12 @@ def derive_form(
                 say("Decoder attention as ONNX Runtime's MultiHeadAttention (causal and padding masks inside)")
                 fuse_decoder_attention_file(path)
         manifest = traced.manifest(quantization, optimize, form, staging, decisions)
+        if kept is not None and is_gqa_form(manifest):
+            say(f"Keeping the portable decoder graph beside it, for OpenVINO: {kept.graph.name} (the same weights)")
+            manifest["portable_form"] = {"graphs": {"model": write_portable_graph(kept, staging / "model.onnx")}}
+        elif kept is not None:  # the rewrite did not apply: model.onnx is the portable graph already
+            kept.graph.unlink()
+            kept.data.unlink()
         if quantization is not None:
             if row_scores is not None:
                 manifest["quantization_options"]["eight_bit_matmuls"] = eight_bit_matmuls
@@ -135,6 +144,12 @@ def _validate(staging, manifest, quantization, dtype, tolerance, references, mat
     say(f"Validating {quantization.name if quantization else dtype} graphs against PyTorch")
     report = validate_onnx_export(staging, tolerance=tolerance, references=references, matmul_errors=matmul_errors)
     manifest["validation"] = report.to_json()
+    if "portable_form" in manifest:
+        say("Validating the portable decoder graph it carries against PyTorch")
+        portable = validate_onnx_export(
+            staging, tolerance=tolerance, references=references, matmul_errors=matmul_errors, form=FORM_PORTABLE
+        )
+        manifest["portable_form"]["validation"] = portable.to_json()
     write_manifest(staging, manifest)
     return report
 

@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 from ..modeling import cache_of
 from ..quantization import scheme_named
 from ..quantization.matmul_check import MatMulErrorRow
-from ..runtime.contract import PAST_PLUS_SEQUENCE, load_manifest, padded_mask
+from ..runtime.contract import FORM_PORTABLE, PAST_PLUS_SEQUENCE, load_manifest, padded_mask, portable_view
 from ..runtime.decoders import check_engine, chosen_engine
 from ..runtime.gqa import GqaValidationRunner, is_gqa_form
 from ..runtime.openvino import PROVIDER_NAME, OpenVinoDecoder, OpenVinoSession, refuse_unreadable_form
@@ -140,6 +140,7 @@ def validate_onnx_export(
     engine: str = "onnxruntime",
     openvino_precision: str = "auto",
     matmul_errors: list[MatMulErrorRow] | None = None,
+    form: str | None = None,
 ) -> ValidationReport:
     """Compare every output of an exported folder's graphs, run by ONNX Runtime, with PyTorch `model`.
 
@@ -159,9 +160,13 @@ def validate_onnx_export(
     `matmul_errors`: a quantized export's per-matrix check (`matmul_check.quantized_matmul_errors`, which needs the
     float32 graph and so runs during the export), judged and reported with the rest.
 
-    `engine="openvino"` runs every case in OpenVINO alone, in `openvino_precision` (`runtime.openvino`). Its bfloat16
+    `engine="openvino"` runs every case in OpenVINO alone, in `openvino_precision` (`runtime.openvino`), on the
+    portable graph (a GroupQueryAttention-form export's own, `contract.portable_view`). Its bfloat16
     run of a float32 export is judged as half precision: against PyTorch in bfloat16, with that model's float32 twin
     measuring bfloat16's own error; a quantized export keeps its bounds against float32.
+
+    `form="portable"` validates the portable decoder graph a GroupQueryAttention-form export carries instead of that
+    form's graph.
 
     Example:
         >>> print(validate_onnx_export("exported", model))
@@ -169,17 +174,25 @@ def validate_onnx_export(
     """
     folder = Path(folder)
     manifest = load_manifest(folder)
+    if form not in (None, FORM_PORTABLE):
+        raise ValueError(f"form={form!r} is not supported; pass form={FORM_PORTABLE!r} or leave it out.")
+    view = portable_view(manifest)
+    if form == FORM_PORTABLE and view is None:
+        raise ValueError(f"{folder} carries no portable graph besides its own; validate it without form=.")
     task, dtype = manifest["task"], manifest["dtype"]
     kind, default = tolerance_of(manifest["quantization"] or dtype)
     device = "cuda" if manifest.get("device") == "cuda" else "cpu"
     provider, precision, compute_dtype = PROVIDERS[device], None, None
     check_engine(engine, openvino_precision)
     if chosen_engine(engine, manifest, provider) == "openvino":
+        manifest = view or manifest
         refuse_unreadable_form(folder, manifest)
         precision = resolve_openvino_precision(openvino_precision)
         provider = f"{PROVIDER_NAME} ({precision})"
         if precision == "bf16" and dtype == "fp32" and kind != "quantized":
             kind, default, compute_dtype = TOLERANCES["fp16"][0], TOLERANCES["fp16"][1], torch.bfloat16
+    elif form == FORM_PORTABLE:
+        manifest = view
     tolerance = default if tolerance is None else tolerance
     if references is None:
         if model is None:

@@ -11,6 +11,9 @@ laid out, and the manifest that describes it to clients in any language. The REA
   `past_key_values.{i}.key/.value`, `logits_positions` [logits_sequence] (the positions, 0 to sequence - 1, whose
   logits to compute: all of them, or the last one to generate) -> `logits` [batch, logits_sequence, vocab],
   `present.{i}.key/.value`.
+- a decoder exported in the GroupQueryAttention form also carries its portable graph (`portable_form` in the
+  manifest: `model_portable.onnx`, its weights the same bytes of `model.onnx.data`, only what differs in
+  `model_portable.onnx.data`), which the engines that cannot read GroupQueryAttention run (`portable_view`).
 - seq2seq `text2text-generation`: `encoder` graph (`input_ids`, `attention_mask` -> `last_hidden_state`,
   `cross_key_values.{i}.key/.value`) and `decoder` graph (`input_ids`, `encoder_attention_mask`,
   `cross_key_values.*`, `past_key_values.*` -> `logits`, `present.*`); cross keys/values are computed once.
@@ -34,7 +37,8 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from ..modeling.configuration import CONFIG_CLASSES
 from ..modeling.layers import positions_from_mask
 
-# Version 2 added the text-generation graph's `logits_positions` input.
+# Version 2 added the text-generation graph's `logits_positions` input. The optional `portable_form` came later within
+# version 2: a reader that ignores it runs the export's graphs as before.
 FORMAT, FORMAT_VERSION = "vaswani-onnx", 2
 
 # The manifest's `attention_form` values: the decoder's attention as the portable opset-23 ops, or as ONNX Runtime's
@@ -45,6 +49,25 @@ FORM_GQA, FORM_PORTABLE = "gqa", "portable"
 def is_gqa_form(manifest: dict) -> bool:
     """Whether an export's decoder graph is the GroupQueryAttention form (older manifests name no form: portable)."""
     return manifest.get("attention_form") == FORM_GQA
+
+
+def portable_view(manifest: dict) -> dict | None:
+    """A GroupQueryAttention-form export's manifest as its portable form's: the portable decoder graph it carries
+    (`portable_form`) in place of the GroupQueryAttention one, with that graph's validation report. None where the
+    export carries no portable graph (the portable form itself, an export written before exports carried it, a
+    CUDA export).
+
+        >>> view = portable_view(load_manifest("exported"))   # what engine="openvino" loads from a default export
+        >>> view["graphs"]["model"]["file"], view["attention_form"]
+        ('model_portable.onnx', 'portable')
+    """
+    portable = manifest.get("portable_form")
+    if not is_gqa_form(manifest) or portable is None:
+        return None
+    view = {key: value for key, value in manifest.items() if key not in ("portable_form", "attention_form_note")}
+    view.update(graphs={**manifest["graphs"], **portable["graphs"]}, attention_form=FORM_PORTABLE)
+    view["validation"] = portable.get("validation")
+    return view
 
 
 # The manifest's `dtype` values.
@@ -185,6 +208,19 @@ def save_graph(model: onnx_ir.Model | onnx.ModelProto, path: Path) -> None:
     Path(f"{path}.data").touch()  # a graph without large weights still has its (empty) weights file
 
 
+def graph_file_bytes(path: Path) -> int:
+    """The bytes of a saved graph: its file and every weight it names in a weights file (which a portable graph
+    shares with the GroupQueryAttention graph beside it, so the files' sizes would not say)."""
+    model = onnx.load(str(path), load_external_data=False)
+    external = sum(
+        int(entry.value)
+        for tensor in model.graph.initializer
+        for entry in tensor.external_data
+        if entry.key == "length"
+    )
+    return path.stat().st_size + external
+
+
 def graph_io(path: Path) -> dict:
     """A graph's inputs and outputs as the manifest lists them, read from the saved file."""
     model = onnx.load(str(path), load_external_data=False)
@@ -277,7 +313,8 @@ def load_manifest(folder: str | os.PathLike) -> dict:
             f"{path} is not a {FORMAT} manifest of format_version {FORMAT_VERSION} (format={manifest.get('format')!r}"
             f", format_version={manifest.get('format_version')!r}); export the model again with this vaswani."
         )
-    for name, graph in manifest["graphs"].items():
+    graphs = [*manifest["graphs"].items(), *manifest.get("portable_form", {}).get("graphs", {}).items()]
+    for name, graph in graphs:
         for file in (graph["file"], f"{graph['file']}.data"):
             if not (folder / file).is_file():
                 raise FileNotFoundError(

@@ -16,6 +16,7 @@ subclasses one of them and names its `tasks`.
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -33,7 +34,7 @@ from transformers.modeling_outputs import (
 from transformers.utils import ModelOutput
 
 from ..modeling.configuration import CONFIG_CLASSES
-from .contract import DTYPES, load_manifest
+from .contract import DTYPES, load_manifest, portable_view
 from .decoders import DEFAULT_ENGINE, LoadRequest, check_engine, chosen_engine
 from .session import PROVIDERS, OrtGraph, cuda_provider_options, default_session_options, resolve_provider
 
@@ -119,7 +120,12 @@ class OrtModel:
         # The runtime is chosen (and refused, with the fix) before the provider's availability is checked.
         request = LoadRequest(folder, manifest, PROVIDERS.get(provider, provider), use_io_binding, openvino_precision)
         check_engine(engine, openvino_precision)
-        runtime = cls.runtime_for(chosen_engine(engine, manifest, request.provider), request)
+        engine = chosen_engine(engine, manifest, request.provider)
+        view = portable_view(manifest)
+        if engine != DEFAULT_ENGINE and view is not None:
+            # The other engines read the portable decoder graph that a GroupQueryAttention-form export carries.
+            manifest, request = view, replace(request, manifest=view)
+        runtime = cls.runtime_for(engine, request)
         provider = resolve_provider(provider)
         session_options = session_options or default_session_options()
         options = dict(provider_options or {})

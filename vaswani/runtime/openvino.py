@@ -561,8 +561,9 @@ def unreadable_form_refusal(folder: Path, manifest: dict) -> str | None:
         return None
     return (
         f"{folder} holds the GroupQueryAttention form of the decoder (com.microsoft.GroupQueryAttention, what "
-        f"--quantize and --optimize write by default), which only ONNX Runtime runs. For engine='openvino', "
-        f"export the model again with `vaswani export --attention portable`."
+        f"--quantize and --optimize write by default), which only ONNX Runtime runs, and no portable graph beside it "
+        f"(an export for the CPU by this version carries one). For engine='openvino', export the model again: "
+        f"`vaswani export` writes the portable graph beside that form, `--attention portable` that graph alone."
     )
 
 

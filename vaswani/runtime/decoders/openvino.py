@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..contract import is_gqa_form, positions_from_mask
+from ..contract import graph_file_bytes, is_gqa_form, portable_view, positions_from_mask
 from ..held_cache import held_cache_sample
 from ..openvino import (
     OpenVinoDecoder,
@@ -53,8 +53,8 @@ class OpenVinoRuntime(PortableRuntime):
     engine = "openvino"
     title = "OpenVINO"
     auto_reason = (
-        "a portable text-generation export, on a CPU that computes bf16 (any export) or int8 dot products (VNNI or "
-        "AMX: a quantized export)"
+        "a portable text-generation export (or the portable graph a default export carries), on a CPU that computes "
+        "bf16 (any export) or int8 dot products (VNNI or AMX: a quantized export)"
     )
 
     @classmethod
@@ -75,7 +75,7 @@ class OpenVinoRuntime(PortableRuntime):
             return f"the export's task is {manifest['task']!r} (OpenVINO runs text-generation exports)"
         if provider != CPU:
             return f"it runs on {provider} (OpenVINO runs on the CPU)"
-        if is_gqa_form(manifest):
+        if is_gqa_form(manifest) and portable_view(manifest) is None:
             reason = "the export is in the GroupQueryAttention form, which only ONNX Runtime runs"
             try:
                 slower_here = cls.cpu_refusal(manifest)
@@ -118,8 +118,7 @@ class OpenVinoRuntime(PortableRuntime):
     def __init__(self, model: Any, openvino: OpenVinoDecoder):
         super().__init__(model)
         self.openvino = openvino
-        # The graph file and its external data (model.onnx, model.onnx.data): the weights a step reads.
-        self.graph_bytes = sum(path.stat().st_size for path in openvino.path.parent.glob(f"{openvino.path.name}*"))
+        self.graph_bytes = graph_file_bytes(openvino.path)  # the weights a step reads
 
     @property
     def provider(self) -> str:
