@@ -135,6 +135,9 @@ for _portable in (
 ):
     _at = DECODER_SYSTEMS.index(_portable) + 1
     DECODER_SYSTEMS[_at:_at] = [f"{_portable}, --engine openvino"]
+for _default in ("vaswani ORT int8", "vaswani ORT int4"):
+    _at = DECODER_SYSTEMS.index(_default) + 1
+    DECODER_SYSTEMS[_at:_at] = [f"{_default}, --engine auto"]
 NO_OPENMP_SPINNING = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
 # Settings other than --threads threads and the engine's defaults: on the 2-vCPU VM of the seq2seq figures,
 # CTranslate2's default GEMM backend (Intel MKL) ran 2 intra-op threads at half the speed of 1, while its oneDNN
@@ -167,9 +170,13 @@ SYSTEM_SETTINGS = {
     f"vaswani ORT int4, {' '.join(INT4_SPEED_FIRST)}, portable, --engine openvino": {
         "request": {"ort_engine": "openvino"}
     },
+    # `--engine auto` on the default export: OpenVINO through the portable graph the export carries, where the CPU
+    # computes bf16 or int8 dot products; else ONNX Runtime on its GroupQueryAttention form (the row names which).
+    "vaswani ORT int8, --engine auto": {"request": {"ort_engine": "auto"}},
+    "vaswani ORT int4, --engine auto": {"request": {"ort_engine": "auto"}},
 }
 for _name in SYSTEM_SETTINGS:
-    _base = _name.removesuffix(", no spinning").removesuffix(", --engine openvino")
+    _base = _name.removesuffix(", no spinning").removesuffix(", --engine openvino").removesuffix(", --engine auto")
     SYSTEMS[_name] = SYSTEMS[_base.split(", 1 thread")[0].split(", oneDNN")[0].split(", f32 compute")[0]]
 # --seq2seq: the BART-shaped encoder-decoder against CTranslate2's Translator (onnxruntime-genai and llama.cpp run
 # decoders only). --optimize and int8 exports run the decoder's attention as ONNX Runtime's MultiHeadAttention.

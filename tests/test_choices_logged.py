@@ -24,6 +24,7 @@ from vaswani.runtime.decoders import chosen_engine  # noqa: E402
 
 TRACE_LOGGER = "vaswani.export.trace"
 ATTENTION_LOGGER = "vaswani.export.gqa_rewrite"
+FORMS_LOGGER = "vaswani.export.forms"
 ENGINE_LOGGER = "vaswani.runtime.decoders"
 
 
@@ -79,6 +80,19 @@ def test_a_model_the_gqa_kernel_cannot_run_is_logged_and_recorded(tmp_path, capl
     [decision] = result.manifest["decisions"]
     assert (decision["subject"], decision["chosen"], decision["instead_of"]) == ("attention form", "portable", "gqa")
     assert "head_dim=8" in decision["why"]
+
+
+def test_the_portable_graph_kept_beside_the_gqa_form_is_logged_and_recorded(tmp_path, caplog):
+    """The default quantized export keeps its portable graph for OpenVINO: said, and listed in `decisions`."""
+    model = build_causal_lm(tiny_decoder_config(**{**GQA_DECODER, "num_hidden_layers": 1}))
+    caplog.set_level(logging.INFO, logger=FORMS_LOGGER)
+    result = export_onnx(model, tmp_path / "out", task="text-generation", quantize="int8", validate=False)
+    assert result.manifest["attention_form"] == "gqa" and "portable_form" in result.manifest
+    [record] = records_of(caplog, FORMS_LOGGER)
+    assert record.levelno == logging.INFO and "model_portable.onnx" in record.getMessage()
+    [decision] = result.manifest["decisions"]
+    assert (decision["subject"], decision["instead_of"]) == ("portable graph", "the GroupQueryAttention form alone")
+    assert "OpenVINO" in decision["why"]
 
 
 def test_gqa_asked_for_by_name_on_a_model_that_cannot_take_it_is_refused_before_any_work(tmp_path):
@@ -138,9 +152,10 @@ def test_engine_auto_says_why_it_keeps_onnx_runtime(manifest, provider, reason, 
 def test_engine_auto_on_a_gqa_export_names_the_portable_export_where_openvino_would_run_it(
     openvino_faster_here, caplog, monkeypatch
 ):
-    """A quantized export in the GroupQueryAttention form stays on ONNX Runtime; where this CPU would run the portable
-    form in OpenVINO (bf16, or int8 dot products for a quantized export: both faked here, so any CPU tests both
-    ways), the log line names the export flag that gets it, and elsewhere it suggests nothing."""
+    """A quantized export in the GroupQueryAttention form without the portable graph beside it (an earlier export)
+    stays on ONNX Runtime; where this CPU would run the portable form in OpenVINO (bf16, or int8 dot products for a
+    quantized export: both faked here, so any CPU tests both ways), the log line names the export that gets it, and
+    elsewhere it suggests nothing."""
     pytest.importorskip("openvino")
     from vaswani.runtime.decoders import openvino as openvino_decoder
 

@@ -173,6 +173,42 @@ def test_greedy_generate_with_openvino_prompts_continues_in_onnxruntime_at_one_r
     assert torch.equal(tokens, alone)
 
 
+def test_one_row_of_the_default_export_prefills_in_openvino_and_steps_in_its_gqa_form(exports, monkeypatch):
+    """The default export under engine="openvino", one row of a small quantized export: OpenVINO prefills, the
+    GroupQueryAttention form decodes from OpenVINO's cache (padding columns dropped: a bf16 prompt on AMX is padded
+    on the left), the portable graph's ONNX Runtime session runs nothing, and the greedy tokens are ONNX Runtime's
+    own run of that form's. Two rows, or a large export, decode in OpenVINO as before."""
+    from vaswani.runtime import openvino as openvino_module
+    from vaswani.runtime.decoders import openvino as openvino_decoder
+
+    monkeypatch.setattr(openvino_module, "cpu_has_amx", lambda: True)  # the prompt padded to 128 columns
+    ids = torch.randint(3, 60, (1, 70), generator=torch.Generator().manual_seed(2))
+    options = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    routed = OrtModelForCausalLM.from_pretrained(exports["gqa-int8"], engine="openvino", openvino_precision="f32")
+    runtime = routed.decoder_runtime
+    assert runtime.one_row_steps is not None and "GroupQueryAttention" in runtime.description
+    prompt_runs, portable_runs = CallCounter.both(routed)
+    infers, infer = [], runtime.openvino.infer
+    monkeypatch.setattr(runtime.openvino, "infer", lambda *args: infers.append(args[1].shape) or infer(*args))
+    monkeypatch.setattr(runtime.openvino, "pads_prompts", True)
+    steps, run = [], runtime.one_row_steps.gqa.session.run_with_iobinding
+    monkeypatch.setattr(runtime.one_row_steps.gqa.session, "run_with_iobinding", lambda b: steps.append(1) or run(b))
+    tokens = routed.generate(ids, **options)
+    assert infers == [(1, 128)] and len(steps) == 7  # the padded prompt in OpenVINO, the 7 later tokens' steps in ORT
+    assert (prompt_runs.calls, portable_runs.calls) == (0, 0)
+    alone = OrtModelForCausalLM.from_pretrained(exports["gqa-int8"])
+    assert alone.decoder_runtime.name == "gqa"
+    assert torch.equal(tokens, alone.generate(ids, **options))
+    two_rows = torch.cat([ids, ids.flip(1)])
+    assert runtime.decodes_in_openvino(2)
+    assert torch.equal(routed.generate(two_rows, **options), alone.generate(two_rows, **options))
+    # Where one row decodes in OpenVINO too (a large export whose steps compute in f32 beside bf16 prompts), the
+    # GroupQueryAttention form is not loaded.
+    monkeypatch.setattr(openvino_decoder.OpenVinoRuntime, "decodes_in_openvino", lambda self, batch: True)
+    large = OrtModelForCausalLM.from_pretrained(exports["gqa-int8"], engine="openvino", openvino_precision="f32")
+    assert large.decoder_runtime.one_row_steps is None
+
+
 def test_quantized_generate_prefills_in_bf16_and_steps_in_f32_within_pytorchs_error(
     llama, exports, monkeypatch, caplog
 ):

@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "gqa", "portable"),
         default="auto",
         help="decoders' attention graph: gqa (ONNX Runtime's fused GroupQueryAttention with rotary and an in-place KV "
-        "buffer, fastest on CPU), portable (opset-23 Attention + RotaryEmbedding, any runtime), or auto (default: gqa "
+        "buffer, fastest in ONNX Runtime on CPU; a CPU export also carries the portable graph, over the same weights, "
+        "for --engine openvino), portable (opset-23 Attention + RotaryEmbedding, any runtime), or auto (default: gqa "
         "for --quantize and --optimize exports where it applies, else portable)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")

@@ -6,6 +6,7 @@ quantized matrix is judged on the float graph's own activations; quantization co
 optimizations, whose fused ops the quantizer's shape inference cannot see through.
 """
 
+import logging
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,6 +23,16 @@ from .gqa_rewrite import attention_form_plan, rewrite_decoder_attention
 from .portable_form import keep_portable_graph, write_portable_graph
 from .postprocess import optimize_graph
 from .validation import ValidationReport, validate_onnx_export
+
+logger = logging.getLogger(__name__)
+
+PORTABLE_GRAPH_KEPT = Decision(
+    "portable graph",
+    "the portable decoder graph kept beside the GroupQueryAttention form (model_portable.onnx, over the same weights)",
+    "the GroupQueryAttention form alone",
+    "OpenVINO (engine 'openvino', or 'auto' where it measured faster) reads only the portable graph; sharing the "
+    "weights file, it costs one graph file",
+)
 
 
 @dataclass
@@ -116,6 +127,8 @@ def derive_form(
         if kept is not None and is_gqa_form(manifest):
             say(f"Keeping the portable decoder graph beside it, for OpenVINO: {kept.graph.name} (the same weights)")
             manifest["portable_form"] = {"graphs": {"model": write_portable_graph(kept, staging / "model.onnx")}}
+            manifest["decisions"].append(PORTABLE_GRAPH_KEPT.to_json())
+            logger.info("%s: %s (%s)", output_dir, PORTABLE_GRAPH_KEPT.chosen, PORTABLE_GRAPH_KEPT.why)
         elif kept is not None:  # the rewrite did not apply: model.onnx is the portable graph already
             kept.graph.unlink()
             kept.data.unlink()

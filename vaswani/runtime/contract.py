@@ -53,7 +53,8 @@ def is_gqa_form(manifest: dict) -> bool:
 
 def portable_view(manifest: dict) -> dict | None:
     """A GroupQueryAttention-form export's manifest as its portable form's: the portable decoder graph it carries
-    (`portable_form`) in place of the GroupQueryAttention one, with that graph's validation report. None where the
+    (`portable_form`) in place of the GroupQueryAttention one, with that graph's validation report; the
+    GroupQueryAttention graph moves to `gqa_form` (the OpenVINO runtime's one-row steps run it). None where the
     export carries no portable graph (the portable form itself, an export written before exports carried it, a
     CUDA export).
 
@@ -67,6 +68,7 @@ def portable_view(manifest: dict) -> dict | None:
     view = {key: value for key, value in manifest.items() if key not in ("portable_form", "attention_form_note")}
     view.update(graphs={**manifest["graphs"], **portable["graphs"]}, attention_form=FORM_PORTABLE)
     view["validation"] = portable.get("validation")
+    view["gqa_form"] = {"graphs": manifest["graphs"]}  # what the folder also holds, for a runtime that uses both
     return view
 
 

@@ -324,6 +324,18 @@ class OpenVinoDecoder:
     ) -> tuple[torch.Tensor, "OpenVinoState"]:
         """Prefill a left-padded prompt in a new request: each row's last token's logits (batch, vocab) and the decode
         steps' state. Raises `NotLeftPaddedError` where the last column holds padding."""
+        logits, state = self.prefill(input_ids, attention_mask, capacity)
+        if self.step_compiled is not self.compiled:  # the steps' graph takes the prompt's cache over
+            steps = self.new_step_request()
+            self.write_cache(steps, self.read_cache(state.request))
+            state.request = steps
+        return logits, state
+
+    def prefill(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, capacity: int | None = None
+    ) -> tuple[torch.Tensor, "OpenVinoState"]:
+        """`start` up to the prompt's cache, in a request of the prompts' compiled graph: its columns are `state.mask`'s
+        (more than the prompt's where it was padded for AMX)."""
         refuse_capacity_past(capacity, self.max_positions)
         mask = torch.ones_like(input_ids) if attention_mask is None else torch.as_tensor(attention_mask)
         if not bool(mask[:, -1].all()):
@@ -335,10 +347,6 @@ class OpenVinoDecoder:
         mask = mask.to(torch.int64).numpy()
         state = OpenVinoState(self.new_request(), mask, positions[:, -1:] + 1)
         logits = self.infer(state.request, input_ids.numpy(), mask, positions)
-        if self.step_compiled is not self.compiled:  # the steps' graph takes the prompt's cache over
-            steps = self.new_step_request()
-            self.write_cache(steps, self.read_cache(state.request))
-            state.request = steps
         return torch.from_numpy(logits), state
 
     def decode(self, state: "OpenVinoState", tokens: torch.Tensor) -> torch.Tensor:

@@ -20,9 +20,11 @@ import logging
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 import torch
 
 from ..contract import graph_file_bytes, is_gqa_form, portable_view, positions_from_mask
+from ..gqa import GqaDecoder, GqaState
 from ..held_cache import held_cache_sample
 from ..openvino import (
     OpenVinoDecoder,
@@ -84,8 +86,10 @@ class OpenVinoRuntime(PortableRuntime):
             if slower_here is not None:
                 return reason
             return (
-                f"{reason}. On this CPU OpenVINO would run its portable form, measured faster in served batches "
-                f"(docs/serving.md): export with `vaswani export --attention portable` for it"
+                f"{reason}, and it carries no portable graph (an export by an earlier vaswani). On this CPU OpenVINO "
+                f"would run the portable form, measured faster (docs/deployment.md): export the model again, with "
+                f"`vaswani export` (which keeps the portable graph beside this form) or `vaswani export --attention "
+                f"portable` (that graph alone)"
             )
         return cls.cpu_refusal(manifest)
 
@@ -108,17 +112,26 @@ class OpenVinoRuntime(PortableRuntime):
     def load(cls, model: Any, request) -> "OpenVinoRuntime":
         precision = openvino_precision(request.openvino_precision)
         graph = model.graphs[model.decoding_graph]
-        threads = graph.session.get_session_options().intra_op_num_threads  # OpenVINO gets ONNX Runtime's count
+        options = graph.session.get_session_options()
+        threads = options.intra_op_num_threads  # OpenVINO gets ONNX Runtime's count
         positions = getattr(model.config, "max_position_embeddings", None)
         quantized = model.manifest.get("quantization") is not None
         steps = decode_step_precision(request.openvino_precision, precision, quantized)
         decoder = OpenVinoDecoder(request.folder / graph.file, model.manifest, precision, threads, positions, steps)
-        return cls(model, decoder)
+        runtime = cls(model, decoder)
+        gqa_form = model.manifest.get("gqa_form")  # a default export: `contract.portable_view`
+        if gqa_form is not None and not runtime.decodes_in_openvino(1):
+            path = request.folder / gqa_form["graphs"][model.decoding_graph]["file"]
+            session = ort.InferenceSession(str(path), sess_options=options, providers=[CPU])
+            runtime.one_row_steps = OpenVinoPromptGqaSteps(decoder, GqaDecoder(session, model.manifest, positions))
+        return runtime
 
     def __init__(self, model: Any, openvino: OpenVinoDecoder):
         super().__init__(model)
         self.openvino = openvino
         self.graph_bytes = graph_file_bytes(openvino.path)  # the weights a step reads
+        # One row's generation of a default export, where its steps run in ONNX Runtime: `OpenVinoPromptGqaSteps`.
+        self.one_row_steps: OpenVinoPromptGqaSteps | None = None
 
     @property
     def provider(self) -> str:
@@ -126,7 +139,8 @@ class OpenVinoRuntime(PortableRuntime):
 
     @property
     def description(self) -> str:
-        return route_description(self.provider)
+        one_row = "; one row's steps in its GroupQueryAttention form" if self.one_row_steps is not None else ""
+        return route_description(self.provider) + one_row
 
     def decodes_in_openvino(self, batch: int) -> bool:
         """Whether OpenVINO runs the decode steps of a `batch`-row generation: measured faster for unquantized
@@ -157,9 +171,11 @@ class OpenVinoRuntime(PortableRuntime):
         return self.model.decoding.run_arrays(inputs, past, session)
 
     def sample(self, input_ids, attention_mask, position_ids, logits_processor, stopping_criteria, generation_config):
-        if not self.decodes_in_openvino(input_ids.shape[0]):
-            return None  # the route: prompts in OpenVINO, steps in ONNX Runtime (`run_arrays`)
         loop = (logits_processor, stopping_criteria, generation_config)
+        if not self.decodes_in_openvino(input_ids.shape[0]):
+            if self.one_row_steps is not None:  # one row (below, every batch decodes in OpenVINO)
+                return held_cache_sample(self.one_row_steps, input_ids, attention_mask, position_ids, *loop)
+            return None  # the route: prompts in OpenVINO, steps in ONNX Runtime (`run_arrays`)
         return held_cache_sample(self.openvino, input_ids, attention_mask, position_ids, *loop)
 
     def step_model(
@@ -181,6 +197,30 @@ class OpenVinoRuntime(PortableRuntime):
                 "serving with OpenVINO's stateful batch (a copy of the cache at each join and leave): %s", error
             )
             return OpenVinoStepModel(self.model, self)
+
+
+class OpenVinoPromptGqaSteps:
+    """One row's generation of a default export (the GroupQueryAttention form and the portable graph it carries) where
+    its decode steps run in ONNX Runtime: the prompt in OpenVINO, the steps in the GroupQueryAttention form, which
+    decoded one row of SmolLM2-135M's int8 export 1.27x faster than the portable graph in ONNX Runtime
+    (docs/deployment.md). A `held_cache.HeldCacheDecoder`: the prompt's cache is read out of OpenVINO once, the
+    columns padded for AMX dropped, into the in-place buffers the steps append to (`gqa.GqaState`)."""
+
+    def __init__(self, openvino: OpenVinoDecoder, gqa: GqaDecoder):
+        self.openvino, self.gqa = openvino, gqa
+        self.max_positions = gqa.max_positions
+        self.plain_greedy, self.decode, self.check_capacity = gqa.plain_greedy, gqa.decode, gqa.check_capacity
+
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, capacity: int) -> tuple:
+        if input_ids.shape[0] != 1:
+            raise ValueError(f"OpenVinoPromptGqaSteps decodes one row; got {input_ids.shape[0]}.")
+        logits, state = self.openvino.prefill(input_ids, attention_mask, capacity)
+        real = state.mask[0].astype(bool)  # the prompt's tokens among the columns OpenVINO computed
+        count = int(real.sum())
+        buffers = self.gqa.new_buffers(1, capacity)
+        for buffer, cache in zip(buffers, self.openvino.read_cache(state.request)):
+            buffer[:, :, :count] = torch.from_numpy(cache[:, :, real])
+        return logits, GqaState.bind(self.gqa, buffers, torch.tensor([count]))
 
 
 class OpenVinoStepModel(OrtStepModel):
