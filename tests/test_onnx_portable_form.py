@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
-from serving_cases import tiny_chat_tokenizer
+from serving_cases import scheduled_tokens, tiny_chat_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from vaswani.conversion.checkpoints import from_transformers
@@ -116,6 +116,23 @@ def test_onnx_runtime_runs_the_default_export_and_openvino_its_portable_graph(ex
         assert model.graphs["model"].file == ("model_portable.onnx" if name == "default" else "model.onnx")
         generated[name] = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
     assert torch.equal(generated["default"], generated["portable"])
+
+
+def test_the_server_runs_the_default_export_in_openvino_as_it_runs_the_portable_one(exports):
+    """`load_service(engine="openvino")` on the default export serves from OpenVINO's paged batch, and three greedy
+    prompts decoded together get the answers the same server gives from the portable export."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("fastapi")
+    from vaswani.serving import SamplingParams, load_service
+
+    prompts = [[5, 6, 7, 8, 9], [11, 3, 4], [20, 21, 22, 23, 24, 25, 26]]
+    requests = [(prompt, SamplingParams(max_tokens=6, temperature=0)) for prompt in prompts]
+    answers = {}
+    for name, folder in exports.items():
+        service = load_service(folder, threads=1, engine="openvino", openvino_precision="f32")
+        assert "OpenVINO's paged graph" in service.description
+        answers[name] = scheduled_tokens(service.scheduler, requests)
+    assert answers["default"] == answers["portable"] and all(len(answer) == 6 for answer in answers["default"])
 
 
 def test_an_export_missing_its_portable_graph_files_is_refused(exports, tmp_path):

@@ -201,9 +201,10 @@ class OpenVinoRuntime(PortableRuntime):
 
 class OpenVinoPromptGqaSteps:
     """One row's generation of a default export (the GroupQueryAttention form and the portable graph it carries) where
-    its decode steps run in ONNX Runtime: the prompt in OpenVINO, the steps in the GroupQueryAttention form, which
-    decoded one row of SmolLM2-135M's int8 export 1.27x faster than the portable graph in ONNX Runtime
-    (docs/deployment.md). A `held_cache.HeldCacheDecoder`: the prompt's cache is read out of OpenVINO once, the
+    its decode steps run in ONNX Runtime: the prompt in OpenVINO, the steps in the GroupQueryAttention form, ONNX
+    Runtime's fastest for one row, so that one row decodes at ONNX Runtime's own speed or above and its first token
+    comes 2.6-3.5x sooner (docs/results/benchmark_engines_auto_135m_amx.md, _360m_amx.md). A
+    `held_cache.HeldCacheDecoder`: the prompt's cache is read out of OpenVINO once, the
     columns padded for AMX dropped, into the in-place buffers the steps append to (`gqa.GqaState`)."""
 
     def __init__(self, openvino: OpenVinoDecoder, gqa: GqaDecoder):
