@@ -203,7 +203,7 @@ class OpenVinoPromptGqaSteps:
     """One row's generation of a default export (the GroupQueryAttention form and the portable graph it carries) where
     its decode steps run in ONNX Runtime: the prompt in OpenVINO, the steps in the GroupQueryAttention form, ONNX
     Runtime's fastest for one row, so that one row decodes at ONNX Runtime's own speed or above and its first token
-    comes 2.6-3.5x sooner (docs/results/benchmark_engines_auto_135m_amx.md, _360m_amx.md). A
+    comes 2.67x-3.54x sooner (docs/results/benchmark_engines_auto_135m_amx.md, _360m_amx.md). A
     `held_cache.HeldCacheDecoder`: the prompt's cache is read out of OpenVINO once, the
     columns padded for AMX dropped, into the in-place buffers the steps append to (`gqa.GqaState`)."""
 
