@@ -88,9 +88,10 @@ class OrtModel:
                 changes nothing measurable).
             engine: "onnxruntime" (default), or "openvino" for a text-generation export on the CPU: prompt steps in
                 OpenVINO, decode steps too where faster, other one-token steps in ONNX Runtime
-                (`decoders.openvino.OpenVinoRuntime`; needs `pip install 'vaswani[openvino]'` and a portable export,
-                `vaswani export --attention portable`); "auto": "openvino" where it was measured faster (such a
-                folder and a CPU with bfloat16), else "onnxruntime" (`decoders.chosen_engine`, which logs why). A
+                (`decoders.openvino.OpenVinoRuntime`; needs `pip install 'vaswani[openvino]'`; it runs a portable
+                export, or the portable graph a GroupQueryAttention-form export carries: `contract.portable_view`);
+                "auto": "openvino" where it was measured faster (a CPU with bfloat16, or int8 dot products for a
+                quantized export), else "onnxruntime" (`decoders.chosen_engine`, which logs why). A
                 text-generation export runs on the decoder runtime of that engine that fits it
                 (`model.decoder_runtime`: `decoders.DECODER_RUNTIMES`).
             openvino_precision: OpenVINO's compute precision, "bf16", "f32" or "auto" (default: bf16 where the CPU
