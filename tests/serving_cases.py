@@ -39,6 +39,23 @@ def tiny_chat_tokenizer():
     return chat_tokenizer(corpus_stories()[:150], vocab_size=300)
 
 
+def saved_tiny_chat_llama(folder: Path):
+    """transformers' LlamaForCausalLM (tiny, seeded, grouped-query, head_dim 16), saved to `folder` with the tiny
+    chat tokenizer (the commands load one); returns the model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    tokenizer = tiny_chat_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2, pad_token_id=0, eos_token_id=2,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model
+
+
 def tiny_chat_folders(root: Path, tokenizer) -> tuple[Path, Path]:
     """(PyTorch folder, ONNX export) of a tiny chat model; its end-of-sequence is the tokenizer's `<|im_end|>`."""
     config = tiny_decoder_config(

@@ -19,8 +19,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_decoder_config
-from serving_cases import free_port, offline_answer, server_answers, tiny_chat_tokenizer, wait_for
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from serving_cases import (
+    free_port,
+    offline_answer,
+    saved_tiny_chat_llama,
+    server_answers,
+    wait_for,
+)
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from vaswani import VaswaniForCausalLM
 from vaswani.cli.main import main as vaswani_cli
@@ -53,17 +59,8 @@ from vaswani.runtime.openvino import (  # noqa: E402
 def llama(tmp_path_factory) -> tuple[LlamaForCausalLM, Path]:
     """transformers' LlamaForCausalLM (tiny, random, grouped-query, head_dim 16) and its saved folder, with the tiny
     chat tokenizer (the commands load one)."""
-    torch.manual_seed(0)
-    tokenizer = tiny_chat_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2, pad_token_id=0, eos_token_id=2,
-    )  # fmt: skip
-    model = LlamaForCausalLM(config).eval()
     folder = tmp_path_factory.mktemp("openvino") / "llama"
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return model, folder
+    return saved_tiny_chat_llama(folder), folder
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
-from serving_cases import scheduled_tokens, tiny_chat_tokenizer
-from transformers import LlamaConfig, LlamaForCausalLM
+from serving_cases import saved_tiny_chat_llama, scheduled_tokens
+from transformers import LlamaForCausalLM
 
 from vaswani.conversion.checkpoints import from_transformers
 from vaswani.export import OnnxValidationError, trace_onnx, validate_onnx_export
@@ -25,17 +25,8 @@ from vaswani.runtime.contract import load_manifest, portable_view, save_graph
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory) -> tuple[LlamaForCausalLM, Path]:
     """transformers' tiny grouped-query Llama, saved with the tiny chat tokenizer."""
-    torch.manual_seed(0)
-    tokenizer = tiny_chat_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2, pad_token_id=0, eos_token_id=2,
-    )  # fmt: skip
-    model = LlamaForCausalLM(config).eval()
     folder = tmp_path_factory.mktemp("portable-form") / "llama"
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return model, folder
+    return saved_tiny_chat_llama(folder), folder
 
 
 @pytest.fixture(scope="module")

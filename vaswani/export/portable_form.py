@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
-from onnx.external_data_helper import uses_external_data
+from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from ..runtime.contract import graph_io
 
@@ -63,11 +63,11 @@ def write_portable_graph(kept: KeptGraph, shared_graph: Path) -> dict:
         for tensor in model.graph.initializer:
             if not uses_external_data(tensor):
                 continue
-            info = {entry.key: entry.value for entry in tensor.external_data}
-            if info["location"] != kept.location:
-                raise ValueError(f"{kept.graph} names weights in {info['location']}, not {kept.location}.")
-            start = int(info.get("offset", 0))
-            content = old[start : start + int(info["length"])]
+            info = ExternalDataInfo(tensor)
+            if info.location != kept.location:
+                raise ValueError(f"{kept.graph} names weights in {info.location}, not {kept.location}.")
+            start = info.offset or 0
+            content = old[start : start + info.length]
             found = offsets.get((len(content), hashlib.sha1(content).digest()))
             if found is not None and shared[found : found + len(content)] == content:
                 location, offset = shared_data.name, found
@@ -98,7 +98,7 @@ def _tensor_offsets(graph: Path, data) -> dict[tuple[int, bytes], int]:
     offsets = {}
     for tensor in onnx.load(str(graph), load_external_data=False).graph.initializer:
         if uses_external_data(tensor):
-            info = {entry.key: entry.value for entry in tensor.external_data}
-            start, length = int(info.get("offset", 0)), int(info["length"])
+            info = ExternalDataInfo(tensor)
+            start, length = info.offset or 0, info.length
             offsets.setdefault((length, hashlib.sha1(data[start : start + length]).digest()), start)
     return offsets

@@ -213,13 +213,10 @@ def save_graph(model: onnx_ir.Model | onnx.ModelProto, path: Path) -> None:
 def graph_file_bytes(path: Path) -> int:
     """The bytes of a saved graph: its file and every weight it names in a weights file (which a portable graph
     shares with the GroupQueryAttention graph beside it, so the files' sizes would not say)."""
-    model = onnx.load(str(path), load_external_data=False)
-    external = sum(
-        int(entry.value)
-        for tensor in model.graph.initializer
-        for entry in tensor.external_data
-        if entry.key == "length"
-    )
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    external = sum(ExternalDataInfo(tensor).length for tensor in graph.initializer if uses_external_data(tensor))
     return path.stat().st_size + external
 
 
