@@ -105,6 +105,7 @@ def generate_openvino(folder: Path, prompts: list[list[int]], new_tokens: int, t
         torch.set_num_threads(threads)
         options = default_session_options(threads)
         model = OrtModelForCausalLM.from_pretrained(folder, engine="openvino", session_options=options)
+        model.decoder_runtime.openvino.compile_steps()  # its first run is the load's, not the generation's
         ids, generating[0] = torch.tensor(prompts), True
         model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
     finally:

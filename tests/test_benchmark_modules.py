@@ -320,3 +320,22 @@ def test_the_structured_outputs_page_renders_each_scripts_part_and_keeps_the_oth
     publish_part("libraries", libraries, json_path, page_path)  # a new library run keeps the served part
     assert set(json.loads(json_path.read_text())["raw"]) == {"libraries", "serving"}
     assert "Served: the same requests" in page_path.read_text()
+
+
+def test_an_engine_workers_memory_is_this_processs_and_the_page_shows_its_median_and_range():
+    """`benchmarks/engines/worker.py`'s memory record is the kernel's count for the process (resident now is at most
+    its peak; a large array it allocates shows in the anonymous part), and the engines page shows each system's
+    median and range over rounds beside its weight files."""
+    from benchmarks.engines.worker import memory
+    from benchmarks.results.engines import memory_table
+
+    before = memory()
+    held = bytearray(64 << 20)
+    held[:: 4096] = b"x" * len(held[:: 4096])  # touch every page
+    after = memory()
+    assert after["anonymous_bytes"] + after["file_bytes"] <= after["peak_rss_bytes"]
+    assert after["anonymous_bytes"] - before["anonymous_bytes"] >= 60 << 20
+    runs = [{"memory": {"peak_rss_bytes": 3e9, "anonymous_bytes": 2e9, "file_bytes": 1e9}},
+            {"memory": {"peak_rss_bytes": 4e9, "anonymous_bytes": 2.5e9, "file_bytes": 1e9}}, None]  # fmt: skip
+    made = memory_table({"a": runs, "b": [{"decode": {}}]}, {"a": {"bytes": 1.5e9}})
+    assert made["rows"] == [["a", "3500 (3000-4000)", "2250 (2000-2500)", "1000 (1000-1000)", "1500"]]

@@ -256,6 +256,46 @@ def test_only_a_graph_the_paged_form_refuses_falls_back_to_the_stateful_batch(fo
         model.decoder_runtime.step_model()
 
 
+def test_the_route_reads_the_graph_once_and_opens_onnxruntime_only_for_a_call_left_to_it(folders, monkeypatch, caplog):
+    """Memory: OpenVINO's ONNX reader holds a quantized graph's weights in memory, and each compiled model and ONNX
+    Runtime session holds its own copy. The route reads the graph once (the server's paged form transforms a copy of
+    it, which shares the weights), and ONNX Runtime opens its session at the first call OpenVINO does not run (a
+    one-token `forward`), once: the paged batch and `generate` need none. That call's logits are ONNX Runtime's own
+    (the oracle: the same folder loaded by the default engine)."""
+    import onnxruntime
+    import openvino
+
+    reads, sessions = [], []
+    read_model, session_class = openvino.Core.read_model, onnxruntime.InferenceSession
+
+    def counted_read(core, *args, **kwargs):
+        reads.append(args[0])
+        return read_model(core, *args, **kwargs)
+
+    class CountedSession(session_class):
+        def __init__(self, path, *args, **kwargs):
+            sessions.append(path)
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(openvino.Core, "read_model", counted_read)
+    monkeypatch.setattr(onnxruntime, "InferenceSession", CountedSession)
+    model = OrtModelForCausalLM.from_pretrained(folders["rope"], engine="openvino", openvino_precision="f32")
+    step = model.decoder_runtime.step_model()
+    assert isinstance(step, paged.PagedStepModel)
+    greedy_answer(step, step.prefill_group([0], [[5, 6, 7, 8]]), 3)
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert len(reads) == 1 and sessions == []
+    one_token = torch.tensor([[7]])
+    with caplog.at_level(logging.INFO, logger="vaswani.runtime.session"):
+        logits = [model(input_ids=one_token).logits for _ in range(2)]
+    assert len(sessions) == 1 and "ONNX Runtime opens model.onnx now" in caplog.text
+    monkeypatch.undo()
+    expected = OrtModelForCausalLM.from_pretrained(folders["rope"])(input_ids=one_token).logits
+    for got in logits:
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
 def test_kv_cache_types_follow_what_openvinos_paged_attention_takes_at_each_compute_precision():
     """"auto" is the compute precision's 16-bit type; a type the kernel does not take there is refused with the
     types it takes and the precision that would take it."""

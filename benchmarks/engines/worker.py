@@ -286,7 +286,26 @@ def main() -> None:
         report["prefill"] = {"seconds": seconds}
     if hasattr(generate, "info"):  # what the engine chose on its own (e.g. OpenVINO's compute precision)
         report["info"] = generate.info()
+    report["memory"] = memory()
     print("RESULT " + json.dumps(report), flush=True)
+
+
+def memory() -> dict[str, int]:
+    """This process's memory once every workload ran (Linux; {} elsewhere): its peak resident bytes, and the
+    resident bytes now, split as the kernel counts them: anonymous (the process's own allocations: weights copied or
+    laid out for kernels, caches) and file-backed (files it maps, such as weights read in place: page cache, shared
+    with other processes and reclaimable)."""
+    try:
+        import resource
+
+        status = Path("/proc/self/status").read_text()
+    except (ImportError, OSError):
+        return {}
+    kilobytes = {line.split(":")[0]: int(line.split()[1]) for line in status.splitlines() if line.startswith("Rss")}
+    resident = {"anonymous_bytes": kilobytes["RssAnon"] * 1024, "file_bytes": kilobytes["RssFile"] * 1024}
+    # The kernel updates its high-water mark lazily: it can trail the resident bytes of this moment.
+    peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, sum(kilobytes.values())) * 1024
+    return {"peak_rss_bytes": peak, **resident}
 
 
 if __name__ == "__main__":

@@ -140,6 +140,8 @@ def engine_tables(raw: dict, described: dict) -> list[dict]:
             spread(paired_ratios(list(map(ttft, reference)), list(map(ttft, runs))), 2), prompt_rate,
             f"{first_difference(tokens, reference_tokens)}/{len(tokens)}", one_line(raw["texts"][name]),
         ])  # fmt: skip
+    if memory := memory_table(results, builds):
+        made.append(memory)
     made.append(
         table(
             f"Prefill and quality (batch 1; time to first token for {settings['prefill_tokens']} prompt tokens; "
@@ -150,6 +152,35 @@ def engine_tables(raw: dict, described: dict) -> list[dict]:
         )
     )  # fmt: skip
     return made
+
+
+def memory_table(results: dict, builds: dict) -> dict | None:
+    """Each system's process memory once its workloads ran (`worker.memory`; medians with the range over rounds, in
+    MB), beside its weight files; None for runs that did not record it."""
+    rows = []
+    for name, runs in results.items():
+        measured = [run["memory"] for run in runs if run and run.get("memory")]
+        if not measured:
+            continue
+        figures = [spread([entry[key] / 1e6 for entry in measured], 0) for key in MEMORY_KEYS]
+        files = builds.get(name, {}).get("bytes")
+        rows.append([name, *figures, "–" if not files else f"{files / 1e6:.0f}"])
+    if not rows:
+        return None
+    made = table(
+        "Memory (each system's process after its runs, MB: median (range))",
+        ["system", "peak resident", "anonymous at the end", "file-mapped at the end", "weight files"],
+        rows,
+    )
+    made["text"] = [
+        "Anonymous memory is the process's own (weights copied or laid out for its kernels, caches); file-mapped "
+        "memory is files it maps, such as weights read in place: page cache, shared with other processes and "
+        "reclaimable. Peak resident counts both, at their highest."
+    ]
+    return made
+
+
+MEMORY_KEYS = ("peak_rss_bytes", "anonymous_bytes", "file_bytes")
 
 
 def engine_workload(raw: dict, settings: dict) -> str:

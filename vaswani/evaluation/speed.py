@@ -166,9 +166,9 @@ def decode_threads(loaded: "LoadedFolder") -> int:
 
     if loaded.form != "onnx":
         return torch.get_num_threads()
-    session = loaded.model.graphs[loaded.model.decoding_graph].session
+    options = loaded.model.graphs[loaded.model.decoding_graph].session_options
     # 0 asks ONNX Runtime for its own default, one thread per core.
-    return session.get_session_options().intra_op_num_threads or len(os.sched_getaffinity(0))
+    return options.intra_op_num_threads or len(os.sched_getaffinity(0))
 
 
 def runtime_name(loaded: "LoadedFolder") -> str:

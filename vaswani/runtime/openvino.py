@@ -24,8 +24,10 @@ What runs where (docs/results/openvino_route_1b_cpu.md has the measurements):
 - the server's prompts and running batch: the graph's paged form (`make_paged`, `decoders/paged.py`);
 - other one-token calls (`forward`, beam search): ONNX Runtime (`OpenVinoRuntime` routes each call by its length).
 The stateless hand-over works because the portable graph's cache is plain (batch, heads, length, head_dim) tensors:
-OpenVINO's state is written from and read into them. The cost is memory: both runtimes hold the weights (OpenVINO in
-its compute precision).
+OpenVINO's state is written from and read into them. The cost is memory, held only where used: the graph is read
+once (OpenVINO's reader holds a quantized graph's weights in memory), each compiled model lays the weights out for
+its kernels at its first run, the f32 steps' model is compiled at the first step that needs it, and ONNX Runtime's
+session is opened at the first call left to it (`session.OrtGraph.session`).
 
     >>> model = OrtModelForCausalLM.from_pretrained("onnx-folder", engine="openvino")       # bf16 where the CPU has it
     >>> model = OrtModelForCausalLM.from_pretrained("onnx-folder", engine="openvino", openvino_precision="f32")
@@ -48,6 +50,7 @@ import torch
 
 from .contract import is_gqa_form, positions_from_mask
 from .held_cache import NotLeftPaddedError, refuse_capacity_past, refuse_step_past
+from .openvino_forms import make_stateful
 
 logger = logging.getLogger(__name__)
 
@@ -217,24 +220,22 @@ class OpenVinoDecoder:
     ):
         self.path, self.precision, self.threads = Path(path), precision, threads
         self.step_precision = step_precision or precision
-        core, model = read_graph(self.path)
+        self.core, model = read_graph(self.path)
         warn_partial_blocks(self.path)
+        # The graph as read, before it is made stateful: the paged form starts from a copy (`read_copy`). Copies share
+        # its weights: OpenVINO's ONNX reader holds a quantized graph's in memory (1.2 GB at 1B int8), once.
+        self.read_model = model.clone()
         self.input_names = [port.get_any_name() for port in model.inputs]  # the stateless graph's, for `run`
         self.output_names = [port.get_any_name() for port in model.outputs]
         pairs = make_stateful(model, manifest)
         self.past_names, self.present_names = list(pairs), list(pairs.values())
-        self.compiled = self.compile(core, model, precision)
-        # Decode steps compiled apart where they compute in another precision (`step_precision`); their requests
-        # take the cache over from the prompt's once, in `start`. Each compiled model holds its own weights.
-        self.step_compiled = self.compiled
-        if self.step_precision != precision:
-            self.step_compiled = self.compile(core, model, self.step_precision)
+        self.model = model
+        self.compiled = self.compile(model, precision)
         self.logits_index = [port.get_any_name() for port in self.compiled.outputs].index("logits")
-        if self.step_compiled is not self.compiled:
-            # The CPU plugin lays out a graph's compressed weights for its kernels at its first run (0.44 s for a
-            # 1B int8 graph at f32): done here, at load, not inside the first generate call whose steps it runs.
-            one = np.ones((1, 1), dtype=np.int64)
-            self.infer(self.new_step_request(), one, one, one - 1)
+        # Decode steps in another precision (`step_precision`) run a second compiled model, which holds weights of
+        # its own (1.3 GB at 1B int8): compiled at the first step that needs it (`step_compiled`), never in a
+        # server, whose batch runs the paged form. Its requests take the cache over from the prompt's once (`start`).
+        self._step_compiled, self._compiling = None, threading.Lock()
         self.pads_prompts = precision == "bf16" and cpu_has_amx()  # `amx_left_padding`
         if self.pads_prompts:
             logger.info(
@@ -246,7 +247,7 @@ class OpenVinoDecoder:
         self.state_order = {past + present: index for index, (past, present) in enumerate(pairs.items())}
         self.max_positions = max_positions
 
-    def compile(self, core: Any, model: Any, precision: str) -> Any:
+    def compile(self, model: Any, precision: str) -> Any:
         """The stateful graph compiled for the CPU at `precision`, its cache in float16 for bf16 compute and in
         float32 for f32."""
         properties = {
@@ -254,7 +255,36 @@ class OpenVinoDecoder:
             "INFERENCE_NUM_THREADS": int(self.threads),
             "KV_CACHE_PRECISION": "f16" if precision == "bf16" else "f32",
         }
-        return core.compile_model(model, "CPU", properties)
+        return self.core.compile_model(model, "CPU", properties)
+
+    @property
+    def splits_steps(self) -> bool:
+        """Whether decode steps compute in another precision than prompts (a second compiled model)."""
+        return self.step_precision != self.precision
+
+    @property
+    def step_compiled(self) -> Any:
+        """The compiled model of the decode steps: the prompts' own, or where `splits_steps`, the steps' one,
+        compiled on first use (`compile_steps`)."""
+        return self.compile_steps()
+
+    def compile_steps(self) -> Any:
+        """The decode steps' compiled model, compiled now where it was not yet (`step_compiled`)."""
+        if not self.splits_steps:
+            return self.compiled
+        with self._compiling:  # a server's threads may ask at once: one compiled model
+            if self._step_compiled is None:
+                compiled = self.compile(self.model, self.step_precision)
+                # The CPU plugin lays out a graph's compressed weights for its kernels at its first run (0.44 s for
+                # a 1B int8 graph at f32): done here, not inside the first timed step.
+                one = np.ones((1, 1), dtype=np.int64)
+                self.infer(compiled.create_infer_request(), one, one, one - 1)
+                self._step_compiled = compiled
+        return self._step_compiled
+
+    def read_copy(self) -> Any:
+        """The graph as read (stateless), a copy to transform: it shares the weights in memory."""
+        return self.read_model.clone()
 
     plain_greedy = None  # greedy search runs `held_cache_sample`'s own loop
 
@@ -262,7 +292,7 @@ class OpenVinoDecoder:
     def provider(self) -> str:
         """What runs it, as `OrtModel.provider` reports it: "OpenVINO (bf16)", or "OpenVINO (bf16 prompts, f32
         steps)" where decode steps compute in another precision."""
-        if self.step_precision == self.precision:
+        if not self.splits_steps:
             return f"{PROVIDER_NAME} ({self.precision})"
         return f"{PROVIDER_NAME} ({self.precision} prompts, {self.step_precision} steps)"
 
@@ -325,7 +355,7 @@ class OpenVinoDecoder:
         """Prefill a left-padded prompt in a new request: each row's last token's logits (batch, vocab) and the decode
         steps' state. Raises `NotLeftPaddedError` where the last column holds padding."""
         logits, state = self.prefill(input_ids, attention_mask, capacity)
-        if self.step_compiled is not self.compiled:  # the steps' graph takes the prompt's cache over
+        if self.splits_steps:  # the steps' graph takes the prompt's cache over
             steps = self.new_step_request()
             self.write_cache(steps, self.read_cache(state.request))
             state.request = steps
@@ -442,109 +472,6 @@ def warn_partial_blocks(path: Path) -> None:
             "that divides every K (e.g. 32).",
             rows,
         )
-
-
-def make_stateful(model: Any, manifest: dict) -> dict[str, str]:
-    """Turn a portable decoder graph, read by OpenVINO, into the stateful form its CPU plugin fuses into one
-    attention-with-cache kernel (the form OpenVINO GenAI's models have):
-    - each past/present pair becomes one state (OpenVINO's `MakeStateful`), starting empty for the batch of
-      `input_ids` on every new infer request;
-    - each state is read through a `Gather` by a new `beam_idx` input (the rows to keep, in order), which the fusion
-      expects;
-    - the grouped-query heads' `Tile` of the keys and values becomes the equal bidirectional `Broadcast` (the repeated
-      axis has size 1), the form the fusion recognises.
-    Returns the past input -> present output pairs that became states, in the graph's cache order."""
-    import openvino
-    from openvino import opset13
-    from openvino.passes import MakeStateful, Manager
-
-    layers, heads, head_dim = manifest["num_layers"], manifest["num_key_value_heads"], manifest["head_dim"]
-    pairs = {f"past_key_values.{i}.{kind}": f"present.{i}.{kind}" for i in range(layers) for kind in ("key", "value")}
-    manager = Manager()
-    manager.register_pass(MakeStateful(pairs))
-    manager.run_passes(model)
-    rows = opset13.parameter([-1], openvino.Type.i32, name="beam_idx")
-    rows.output(0).set_names({"beam_idx"})
-    input_ids = next(parameter for parameter in model.get_parameters() if parameter.get_friendly_name() == "input_ids")
-    axis0 = opset13.constant(np.array(0, dtype=np.int64))
-    batch = opset13.gather(opset13.shape_of(input_ids), opset13.constant(np.array([0], dtype=np.int64)), axis0)
-    empty_shape = opset13.concat([batch, opset13.constant(np.array([heads, 0, head_dim], dtype=np.int64))], 0)
-    for node in model.get_ordered_ops():
-        kind = node.get_type_name()
-        if kind == "ReadValue":
-            node.set_arguments([opset13.broadcast(opset13.constant(np.array(0, dtype=np.float32)), empty_shape)])
-            readers = list(node.output(0).get_target_inputs())
-            kept = opset13.gather(node.output(0), rows, axis0)
-            for reader in readers:
-                reader.replace_source_output(kept.output(0))
-        elif kind == "Tile" and repeats_unit_axes(node):
-            broadcast = opset13.broadcast(node.input_value(0), node.input_value(1), broadcast_spec="BIDIRECTIONAL")
-            broadcast.set_friendly_name(node.get_friendly_name())
-            node.output(0).replace(broadcast.output(0))
-    model.add_parameters([rows])
-    model.validate_nodes_and_infer_types()
-    return pairs
-
-
-def make_paged(model: Any, manifest: dict) -> None:
-    """Turn a portable decoder graph, read by OpenVINO, into the paged form OpenVINO GenAI's continuous batching runs
-    (its `PagedAttentionExtension`, through OpenVINO's own `paged_attention_transformation`): the tokens of every
-    sequence of a call flattened into one row, each sequence's cache in fixed-size blocks of shared cache tensors
-    listed per sequence (`key_cache.{i}`, `value_cache.{i}`, `block_indices`, `past_lens`, `subsequence_begins`, ...),
-    so that sequences of any lengths decode and prefill side by side without padding or copies (`decoders/paged.py`).
-
-    Two edits make the exporter's graph fit it, both exact:
-    - the rotary tables read the batch size from `attention_mask`'s shape, which the paged form drops: they read it
-      from `input_ids`'s, equal in every call of the graph;
-    - `logits_positions` picks positions along the sequence axis, which becomes length 1: it picks flat tokens.
-    Raises a ValueError naming what it cannot place (a graph another exporter wrote, or one without `position_ids`:
-    ALiBi)."""
-    from openvino import opset13
-    from openvino._offline_transformations import paged_attention_transformation
-
-    parameters = {parameter.get_friendly_name(): parameter for parameter in model.get_parameters()}
-    if "position_ids" not in parameters:
-        raise ValueError("the graph takes no position_ids (ALiBi positions), which the paged form needs")
-    make_stateful(model, manifest)
-    mask, input_ids = parameters["attention_mask"], parameters["input_ids"]
-    for node in model.get_ordered_ops():
-        if node.get_type_name() == "ShapeOf" and node.input_value(0).get_node() is mask:
-            if not all(takes_first_element(reader.get_node()) for reader in node.output(0).get_target_inputs()):
-                raise ValueError("the graph reads attention_mask's length, which the paged form does not have")
-            node.input(0).replace_source_output(input_ids.output(0))
-    paged_attention_transformation(model)
-    gathers = [
-        reader.get_node()
-        for reshape in parameters["logits_positions"].output(0).get_target_inputs()
-        for reader in reshape.get_node().output(0).get_target_inputs()
-    ]
-    if len(gathers) != 1 or gathers[0].get_type_name() != "Gather":
-        raise ValueError("the graph's logits_positions is not one Gather of the hidden states")
-    gathers[0].input(2).replace_source_output(opset13.constant(np.array(0, dtype=np.int64)).output(0))
-    model.validate_nodes_and_infer_types()
-
-
-def takes_first_element(node: Any) -> bool:
-    """Whether `node` is a Slice of a shape's first element only (the batch size)."""
-    if node.get_type_name() != "Slice":
-        return False
-    bounds = [node.input_value(index).get_node() for index in range(1, node.get_input_size())]
-    if not all(bound.get_type_name() == "Constant" for bound in bounds):
-        return False
-    start, stop, step, *axes = (list(bound.get_vector()) for bound in bounds)
-    return start == [0] and stop == [1] and step == [1] and axes in ([], [[0]])
-
-
-def repeats_unit_axes(tile: Any) -> bool:
-    """Whether a `Tile` only repeats axes of size 1 (so a bidirectional `Broadcast` computes the same)."""
-    repeats = tile.input_value(1).get_node()
-    shape = tile.input_value(0).get_partial_shape()
-    if repeats.get_type_name() != "Constant" or shape.rank.is_dynamic:
-        return False
-    counts = repeats.get_vector()
-    return len(counts) == shape.rank.get_length() and all(
-        count == 1 or (dim.is_static and dim.get_length() == 1) for count, dim in zip(counts, shape)
-    )
 
 
 def unreadable_graph_message(path: Path, error: Exception) -> str:

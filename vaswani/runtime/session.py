@@ -4,7 +4,10 @@ with the cache tensors (`DecodingGraph`) and the checks of a decoder's mask and 
 options and providers every runtime model uses.
 """
 
+import logging
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,8 @@ TENSOR_DTYPES = {
     "bool": (np.bool_, torch.bool),
 }
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+logger = logging.getLogger(__name__)
 
 
 def default_session_options(num_threads: int | None = None, spinning: bool = True) -> ort.SessionOptions:
@@ -67,6 +72,10 @@ class OrtGraph:
     `run` executes the graph. Without IO binding, CPU tensors pass to `session.run` as numpy arrays sharing their
     memory; with IO binding (always on CUDA) inputs and outputs are bound by device pointer, outputs either into
     buffers the caller preallocated or into memory ONNX Runtime allocates and torch then shares through DLPack.
+
+    The session is opened by `open_session` (`session_opener`), at load or, where another engine runs most calls
+    (`on_demand`: the OpenVINO route), at the first call that needs it: until then ONNX Runtime holds none of the
+    graph's weights.
     """
 
     def __init__(
@@ -74,27 +83,52 @@ class OrtGraph:
         folder: Path,
         name: str,
         spec: dict,
-        session: ort.InferenceSession,
+        open_session: Callable[[], ort.InferenceSession],
+        session_options: ort.SessionOptions,
         device: torch.device,
         use_io_binding: bool,
         vocab_size: int,
+        on_demand: bool = False,
     ):
+        self.folder = folder
         self.name = name
         self.vocab_size = vocab_size
         self.file = spec["file"]
-        self.session = session
+        self.session_options = session_options
         self.device = device
         self.use_io_binding = use_io_binding
         self.inputs = {entry["name"]: entry for entry in spec["inputs"]}
         self.outputs = {entry["name"]: entry for entry in spec["outputs"]}
         self.output_names = list(self.outputs)
+        self._open_session, self._session, self._opening = open_session, None, threading.Lock()
+        if not on_demand:
+            self._session = self.checked(open_session())
+
+    @property
+    def session(self) -> ort.InferenceSession:
+        """The graph's ONNX Runtime session, opened here on first use where the graph was loaded `on_demand`."""
+        if self._session is None:
+            with self._opening:  # a server's threads may ask at once: one session
+                if self._session is None:
+                    logger.info(
+                        "ONNX Runtime opens %s now, at the first call the other engine does not run (it held none "
+                        "of the graph's weights until then)",
+                        self.file,
+                    )
+                    self._session = self.checked(self._open_session())
+        return self._session
+
+    def checked(self, session: ort.InferenceSession) -> ort.InferenceSession:
+        """`session`, once its graph's inputs and outputs are the manifest's."""
         in_graph = {node.name for node in session.get_inputs()}, {node.name for node in session.get_outputs()}
         for kind, listed, actual in zip(("inputs", "outputs"), (self.inputs, self.outputs), in_graph):
             if set(listed) != actual:
                 raise ValueError(
-                    f"{folder / self.file} does not match manifest.json: its {kind} are {sorted(actual)} but the "
-                    f"manifest lists {sorted(listed)}. A graph file was replaced after export; export the model again."
+                    f"{self.folder / self.file} does not match manifest.json: its {kind} are {sorted(actual)} but "
+                    f"the manifest lists {sorted(listed)}. A graph file was replaced after export; export the model "
+                    f"again."
                 )
+        return session
 
     def prepare(self, values: dict[str, Any]) -> dict[str, torch.Tensor]:
         """Check `values` (torch tensors, numpy arrays or nested lists) against the manifest and return them as

@@ -1,6 +1,6 @@
 """The OpenVINO runtime (`engine="openvino"`, `pip install 'vaswani[openvino]'`): the portable decoder graph compiled
 by OpenVINO for the CPU and made stateful (`openvino.OpenVinoDecoder`), beside ONNX Runtime's session of the same
-graph file. Prompts (calls of more than one token per row) run in OpenVINO; `generate`'s greedy/sampling loop and
+graph file (opened at the first call left to it). Prompts (calls of more than one token per row) run in OpenVINO; `generate`'s greedy/sampling loop and
 the server's running batch run every step in OpenVINO with the cache held inside, where `decodes_in_openvino` says
 it was measured faster; other one-token calls (`forward`, beam search, a quantized export's single row unless its
 steps compute in f32 and the export is large: `OpenVinoRuntime.decodes_in_openvino`) run in ONNX Runtime. Both
@@ -112,7 +112,7 @@ class OpenVinoRuntime(PortableRuntime):
     def load(cls, model: Any, request) -> "OpenVinoRuntime":
         precision = openvino_precision(request.openvino_precision)
         graph = model.graphs[model.decoding_graph]
-        options = graph.session.get_session_options()
+        options = graph.session_options
         threads = options.intra_op_num_threads  # OpenVINO gets ONNX Runtime's count
         positions = getattr(model.config, "max_position_embeddings", None)
         quantized = model.manifest.get("quantization") is not None
@@ -151,8 +151,7 @@ class OpenVinoRuntime(PortableRuntime):
         weights faster, so they win on large exports and lose on small ones (docs/results/one_row_steps_amx.md)."""
         if self.model.manifest.get("quantization") is None or batch > 1:
             return True
-        split = self.openvino.step_precision != self.openvino.precision
-        return split and self.graph_bytes >= ONE_ROW_OPENVINO_BYTES
+        return self.openvino.splits_steps and self.graph_bytes >= ONE_ROW_OPENVINO_BYTES
 
     @staticmethod
     def is_prompt(inputs: dict[str, torch.Tensor]) -> bool:

@@ -1,8 +1,8 @@
 """The server's batch for `engine="openvino"`: a paged KV cache inside OpenVINO, as OpenVINO GenAI's continuous
 batching and vLLM keep theirs.
 
-The portable graph is compiled in its paged form (`openvino.make_paged`): the tokens of every sequence of a call go
-in one flat row, and each sequence's keys and values live in fixed-size blocks of shared cache tensors
+The portable graph is compiled in its paged form (`openvino_forms.make_paged`): the tokens of every sequence of a
+call go in one flat row, and each sequence's keys and values live in fixed-size blocks of shared cache tensors
 (`BlockPool`), which OpenVINO's paged-attention kernel reads and appends to in place. So rows of any lengths
 prefill and decode side by side without padding, a row joins or leaves the running batch without a copy of anyone's
 cache, and the server's prefix cache keeps blocks of the pool itself (`SharedBlocks`): a prompt whose first tokens
@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ..openvino import OPENVINO_TYPES, import_openvino, make_paged, read_graph
+from ..openvino import OPENVINO_TYPES, import_openvino
+from ..openvino_forms import make_paged
 from .portable import context_length
 
 logger = logging.getLogger(__name__)
@@ -252,7 +253,7 @@ class PagedStepModel:
         cache_type = kv_cache_type(kv_cache_dtype, decoder.precision)
         self.vocab_size = model.manifest["vocab_size"]
         self.context_length = context_length(model.config)
-        core, graph = read_graph(decoder.path)
+        graph = decoder.read_copy()
         try:
             make_paged(graph, model.manifest)
         except (ValueError, RuntimeError) as error:  # OpenVINO's own transformation raises a RuntimeError
@@ -271,7 +272,7 @@ class PagedStepModel:
             properties["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
             logger.info("paged batch: float activations in every call (int8_activations=False)")
         try:
-            self.compiled = core.compile_model(graph, "CPU", properties)
+            self.compiled = decoder.core.compile_model(graph, "CPU", properties)
         except RuntimeError as error:  # e.g. "bf16" forced on a CPU whose plugin then computes in f32
             raise RuntimeError(
                 f"OpenVINO could not compile the paged graph at {decoder.precision} compute with its KV cache in "

@@ -122,7 +122,8 @@ class DecoderRuntime(Protocol):
 
     @classmethod
     def load(cls, model: Any, request: LoadRequest) -> "DecoderRuntime":
-        """The runtime of `model` (an `OrtModelForCausalLM` whose ONNX Runtime sessions are open)."""
+        """The runtime of `model` (an `OrtModelForCausalLM`; under an engine other than the default, its ONNX Runtime
+        sessions open at their first use: `session.OrtGraph.session`)."""
 
     @property
     def provider(self) -> str:
