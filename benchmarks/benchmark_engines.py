@@ -138,6 +138,8 @@ for _portable in (
 for _default in ("vaswani ORT int8", "vaswani ORT int4"):
     _at = DECODER_SYSTEMS.index(_default) + 1
     DECODER_SYSTEMS[_at:_at] = [f"{_default}, --engine auto"]
+_at = DECODER_SYSTEMS.index("vaswani ORT fp32, --engine openvino") + 1
+DECODER_SYSTEMS[_at:_at] = ["vaswani ORT fp32, --engine openvino, f32 compute"]
 NO_OPENMP_SPINNING = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
 # Settings other than --threads threads and the engine's defaults: on the 2-vCPU VM of the seq2seq figures,
 # CTranslate2's default GEMM backend (Intel MKL) ran 2 intra-op threads at half the speed of 1, while its oneDNN
@@ -164,6 +166,10 @@ SYSTEM_SETTINGS = {
     # `--engine openvino`: the same portable export, its prompt steps run by OpenVINO (bf16 where the CPU has it),
     # its one-token decode steps by ONNX Runtime.
     "vaswani ORT fp32, --engine openvino": {"request": {"ort_engine": "openvino"}},
+    # The fp32 export computed in f32 by OpenVINO (`--openvino-precision f32`), beside the f32 rows of the others.
+    "vaswani ORT fp32, --engine openvino, f32 compute": {
+        "request": {"ort_engine": "openvino", "openvino_precision": "f32"}
+    },
     "vaswani ORT int8, portable, --engine openvino": {"request": {"ort_engine": "openvino"}},
     "vaswani ORT int8, --block-size 128, portable, --engine openvino": {"request": {"ort_engine": "openvino"}},
     "vaswani ORT int4, portable, --engine openvino": {"request": {"ort_engine": "openvino"}},

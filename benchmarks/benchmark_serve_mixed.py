@@ -195,8 +195,8 @@ def server_command(engine: str, path: Path, port: int, args) -> tuple[list[str],
     if family == "vaswani":
         command = [sys.executable, "-m", "vaswani.cli.main", "serve", str(path), *host, "--threads", threads]
         command += ["--max-batch", batch, "--max-waiting", str(4 * args.num_prompts), "--model-name", engine]
-        if spec.runtime == "openvino":
-            command += ["--engine", "openvino", "--openvino-precision", args.openvino_precision]
+        if spec.runtime in ("openvino", "auto"):
+            command += ["--engine", spec.runtime, "--openvino-precision", args.openvino_precision]
         command += shlex.split(args.vaswani_flags) + extra
         return command, project_env(args.threads), {"ignore_eos": True}
     if family == "llama-server":
@@ -462,7 +462,7 @@ def engine_labels(engine: str, args, openvino_genai: str = "", genai_settings: d
     it computes in (`openvino_genai`: the precision OpenVINO GenAI's server reported)."""
     spec = engine_spec(engine, args.variants)
     openvino = "f32"
-    if spec.runtime == "openvino":
+    if spec.runtime in ("openvino", "auto"):
         from vaswani.runtime.openvino import openvino_precision
 
         openvino = openvino_precision(args.openvino_precision)

@@ -22,6 +22,10 @@ BASE_ENGINES = [
     "vaswani-fp32-openvino",
     "vaswani-int8-openvino",
     "vaswani-int4-openvino",
+    # The default export under `vaswani serve --engine auto`: OpenVINO on the portable graph the export carries, on
+    # a CPU where that measured faster (`auto_runs_openvino`), else ONNX Runtime on its GroupQueryAttention form.
+    "vaswani-int8-auto",
+    "vaswani-int4-auto",
     "llama-server-q8_0",
     "llama-server-q4_0",
     "llama-cpp-python-q8_0",
@@ -80,7 +84,7 @@ def engine_spec(name: str, variants: dict[str, list[str]] | None = None) -> Engi
     if base not in BASE_ENGINES:
         raise ValueError(f"unknown engine {base!r}; choose among {', '.join(BASE_ENGINES)} (then +VARIANT)")
     if base.startswith("vaswani-"):
-        family, weights, runtime = "vaswani", base.split("-")[1], "openvino" if base.endswith("-openvino") else ""
+        family, weights, runtime = "vaswani", base.split("-")[1], base.split("-")[2] if base.count("-") > 1 else ""
         runtime = runtime or "onnxruntime"
     else:
         family, _, weights = base.rpartition("-")
@@ -107,7 +111,11 @@ def compute_precision(
     the group size of the int8 activations the CPU plugin computes compressed weights with)."""
     if spec.family == "vaswani":
         weights = {"fp32": "fp32 weights", "int8": "int8 weights", "int4": "int4 weights"}[spec.weights]
-        if spec.runtime == "openvino":
+        runtime, through = spec.runtime, "portable export"
+        if runtime == "auto":
+            runtime = "openvino" if auto_runs_openvino(spec) else "onnxruntime"
+            through = "the default export's portable graph, --engine auto"
+        if runtime == "openvino":
             from vaswani.runtime.decoders.paged import kv_cache_type  # what vaswani serve's paged cache takes
 
             flags = list(spec.flags)
@@ -118,7 +126,7 @@ def compute_precision(
             cache = kv_cache_type(asked("--kv-cache-dtype", "auto"), openvino_precision)
             rounded = spec.weights != "fp32" and asked("--openvino-int8-activations", "on") == "on"
             activations = ", int8 activations in groups of 32 (the CPU plugin's default)" if rounded else ""
-            return f"{weights}, {openvino_precision} compute{activations}, {cache} KV cache (OpenVINO, portable export)"
+            return f"{weights}, {openvino_precision} compute{activations}, {cache} KV cache (OpenVINO, {through})"
         if spec.weights == "fp32":
             return f"{weights}, fp32 compute (ONNX Runtime)"
         return f"{weights}, int8 activations (ONNX Runtime's MatMulNBits, accuracy level 4)"
@@ -133,3 +141,14 @@ def compute_precision(
     if spec.family in ("llama-server", "llama-cpp-python"):
         return f"{spec.weights.upper()} GGUF"
     return "fp32"
+
+
+def auto_runs_openvino(spec: EngineSpec) -> bool:
+    """Whether `vaswani serve --engine auto` runs a default export of `spec.weights` in OpenVINO on this CPU (the
+    rule `--engine auto` itself applies: `OpenVinoRuntime.cpu_refusal`), rather than in ONNX Runtime."""
+    from vaswani.runtime.decoders.openvino import OpenVinoRuntime
+
+    try:
+        return OpenVinoRuntime.cpu_refusal({"quantization": None if spec.weights == "fp32" else spec.weights}) is None
+    except ImportError:  # no OpenVINO installed: auto runs ONNX Runtime
+        return False

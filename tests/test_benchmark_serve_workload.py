@@ -340,6 +340,18 @@ def test_a_variant_reaches_the_server_command(tmp_path):
     assert fixed == {"ignore_eos": True}
     command, _, _ = server_command("openvino-int8+noprefix", tmp_path, 8123, args)
     assert command[-1] == "--no-prefix-caching"
+    # The default export under --engine auto: the runtime auto picks is named in the row's precision label.
+    command, _, _ = server_command("vaswani-int8-auto+noprefix", tmp_path, 8123, args)
+    assert command[-6:] == ["--engine", "auto", "--openvino-precision", "auto", "--prefix-cache-bytes", "0"]
+    from benchmarks.serve_variants import auto_runs_openvino
+
+    auto = engine_spec("vaswani-int8-auto")
+    if auto_runs_openvino(auto):  # this CPU: OpenVINO, as --engine openvino on a portable export
+        assert compute_precision(auto, "f32") == compute_precision(engine_spec("vaswani-int8-openvino"), "f32").replace(
+            "portable export", "the default export's portable graph, --engine auto"
+        )
+    else:
+        assert compute_precision(auto, "f32") == compute_precision(engine_spec("vaswani-int8"), "f32")
 
 
 def summary(throughput, ttft):

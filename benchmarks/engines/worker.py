@@ -82,6 +82,8 @@ def load_vaswani_ort(request):
     options = default_session_options(request["threads"], spinning=request.get("spinning", True))
     # `engine=` of vaswani's runtime ("openvino": prompt steps in OpenVINO); request["engine"] names the worker's.
     engine = {"engine": request["ort_engine"]} if "ort_engine" in request else {}
+    if "openvino_precision" in request:  # OpenVINO's compute precision (default: bf16 where the CPU has it)
+        engine["openvino_precision"] = request["openvino_precision"]
     model = ort_class.from_pretrained(request["model"], session_options=options, **engine)
     generate = torch_generate(model, bool(request.get("seq2seq")))
     openvino = getattr(getattr(model, "decoder_runtime", None), "openvino", None)
