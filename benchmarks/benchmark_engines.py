@@ -344,14 +344,12 @@ def bytes_read_per_token(location: Path) -> int:
 
 
 def read_bandwidth(threads: int, gigabytes: float = 1.0) -> float:
-    """Bytes/s this machine sustains reading memory with `threads` threads: a sum over a buffer far larger than
-    the caches, as decoding reads its weights. Runs in its own process, like the systems."""
-    elements = int(gigabytes * 2**30 / 4)
+    """Bytes/s this machine sustains reading memory with `threads` threads, as decoding reads its weights: what
+    `vaswani bench` measures (`vaswani.evaluation.speed.memory_bandwidth`, the best of 8 passes over a buffer far
+    larger than the caches). Runs in its own process, like the systems."""
     code = (
-        f"import torch, time, statistics; torch.set_num_threads({threads}); "
-        f"x = torch.ones({elements}, dtype=torch.float32); x.sum(); t = []\n"
-        "for _ in range(8):\n s = time.perf_counter(); x.sum(); t.append(time.perf_counter() - s)\n"
-        "print(x.numel() * 4 / statistics.median(t))"
+        "from vaswani.evaluation.speed import memory_bandwidth; "
+        f"print(memory_bandwidth(megabytes={int(gigabytes * 1024)}, rounds=8, threads={threads}))"
     )
     return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
 
