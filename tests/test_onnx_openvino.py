@@ -170,6 +170,35 @@ def test_greedy_generate_with_openvino_prompts_continues_in_onnxruntime_at_one_r
     assert torch.equal(tokens, alone)
 
 
+def test_the_default_export_opens_its_gqa_session_only_for_one_rows_steps(exports, monkeypatch):
+    """Memory: under engine="openvino" a small default export's GroupQueryAttention form is loaded by ONNX Runtime
+    for one row's decode steps only. A server's paged batch and two-row generation open no ONNX Runtime session; the
+    first one-row generation opens that form's, once, and its tokens are the default engine's."""
+    import onnxruntime
+
+    sessions, session_class = [], onnxruntime.InferenceSession
+
+    class CountedSession(session_class):
+        def __init__(self, path, *args, **kwargs):
+            sessions.append(Path(path).name)
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", CountedSession)
+    options = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    routed = OrtModelForCausalLM.from_pretrained(exports["gqa-int8"], engine="openvino", openvino_precision="f32")
+    assert routed.decoder_runtime.one_row_steps is not None
+    routed.decoder_runtime.step_model()
+    routed.generate(torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]]), **options)
+    assert sessions == []
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    tokens = [routed.generate(ids, **options) for _ in range(2)]
+    assert sessions == ["model.onnx"]  # the GroupQueryAttention form's graph, once
+    monkeypatch.undo()
+    expected = OrtModelForCausalLM.from_pretrained(exports["gqa-int8"]).generate(ids, **options)
+    for got in tokens:
+        assert torch.equal(got, expected)
+
+
 def test_one_row_of_the_default_export_prefills_in_openvino_and_steps_in_its_gqa_form(exports, monkeypatch):
     """The default export under engine="openvino", one row of a small quantized export: OpenVINO prefills, the
     GroupQueryAttention form decodes from OpenVINO's cache (padding columns dropped: a bf16 prompt on AMX is padded

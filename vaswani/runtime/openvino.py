@@ -224,12 +224,12 @@ class OpenVinoDecoder:
         warn_partial_blocks(self.path)
         # The graph as read, before it is made stateful: the paged form starts from a copy (`read_copy`). Copies share
         # its weights: OpenVINO's ONNX reader holds a quantized graph's in memory (1.2 GB at 1B int8), once.
-        self.read_model = model.clone()
+        self.graph_as_read = model.clone()
         self.input_names = [port.get_any_name() for port in model.inputs]  # the stateless graph's, for `run`
         self.output_names = [port.get_any_name() for port in model.outputs]
         pairs = make_stateful(model, manifest)
         self.past_names, self.present_names = list(pairs), list(pairs.values())
-        self.model = model
+        self.stateful_model = model
         self.compiled = self.compile(model, precision)
         self.logits_index = [port.get_any_name() for port in self.compiled.outputs].index("logits")
         # Decode steps in another precision (`step_precision`) run a second compiled model, which holds weights of
@@ -274,7 +274,7 @@ class OpenVinoDecoder:
             return self.compiled
         with self._compiling:  # a server's threads may ask at once: one compiled model
             if self._step_compiled is None:
-                compiled = self.compile(self.model, self.step_precision)
+                compiled = self.compile(self.stateful_model, self.step_precision)
                 # The CPU plugin lays out a graph's compressed weights for its kernels at its first run (0.44 s for
                 # a 1B int8 graph at f32): done here, not inside the first timed step.
                 one = np.ones((1, 1), dtype=np.int64)
@@ -284,7 +284,7 @@ class OpenVinoDecoder:
 
     def read_copy(self) -> Any:
         """The graph as read (stateless), a copy to transform: it shares the weights in memory."""
-        return self.read_model.clone()
+        return self.graph_as_read.clone()
 
     plain_greedy = None  # greedy search runs `held_cache_sample`'s own loop
 

@@ -73,9 +73,8 @@ class OrtGraph:
     memory; with IO binding (always on CUDA) inputs and outputs are bound by device pointer, outputs either into
     buffers the caller preallocated or into memory ONNX Runtime allocates and torch then shares through DLPack.
 
-    The session is opened by `open_session` (`session_opener`), at load or, where another engine runs most calls
-    (`on_demand`: the OpenVINO route), at the first call that needs it: until then ONNX Runtime holds none of the
-    graph's weights.
+    The session is opened by `open_session`, at load or, where another engine runs most calls (`on_demand`: the
+    OpenVINO route), at the first call that needs it: until then ONNX Runtime holds none of the graph's weights.
     """
 
     def __init__(

@@ -17,6 +17,8 @@ step feeds only the tokens; joins and leaves read it out and write it back once.
 """
 
 import logging
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -122,8 +124,13 @@ class OpenVinoRuntime(PortableRuntime):
         gqa_form = model.manifest.get("gqa_form")  # a default export: `contract.portable_view`
         if gqa_form is not None and not runtime.decodes_in_openvino(1):
             path = request.folder / gqa_form["graphs"][model.decoding_graph]["file"]
-            session = ort.InferenceSession(str(path), sess_options=options, providers=[CPU])
-            runtime.one_row_steps = OpenVinoPromptGqaSteps(decoder, GqaDecoder(session, model.manifest, positions))
+
+            def open_gqa() -> GqaDecoder:
+                logger.info("ONNX Runtime opens %s now, for one row's decode steps", path.name)
+                session = ort.InferenceSession(str(path), sess_options=options, providers=[CPU])
+                return GqaDecoder(session, model.manifest, positions)
+
+            runtime.one_row_steps = OpenVinoPromptGqaSteps(decoder, open_gqa)
         return runtime
 
     def __init__(self, model: Any, openvino: OpenVinoDecoder):
@@ -204,12 +211,31 @@ class OpenVinoPromptGqaSteps:
     Runtime's fastest for one row, so that one row decodes at ONNX Runtime's own speed or above and its first token
     comes 2.67x-3.54x sooner (docs/results/benchmark_engines_auto_135m_amx.md, _360m_amx.md). A
     `held_cache.HeldCacheDecoder`: the prompt's cache is read out of OpenVINO once, the
-    columns padded for AMX dropped, into the in-place buffers the steps append to (`gqa.GqaState`)."""
+    columns padded for AMX dropped, into the in-place buffers the steps append to (`gqa.GqaState`). The form's ONNX
+    Runtime session opens at the first row that needs it (`gqa`): a server's batch never does."""
 
-    def __init__(self, openvino: OpenVinoDecoder, gqa: GqaDecoder):
-        self.openvino, self.gqa = openvino, gqa
-        self.max_positions = gqa.max_positions
-        self.plain_greedy, self.decode, self.check_capacity = gqa.plain_greedy, gqa.decode, gqa.check_capacity
+    def __init__(self, openvino: OpenVinoDecoder, open_gqa: Callable[[], GqaDecoder]):
+        self.openvino, self.open_gqa = openvino, open_gqa
+        self.max_positions = openvino.max_positions
+        self._gqa, self._opening = None, threading.Lock()
+
+    @property
+    def gqa(self) -> GqaDecoder:
+        """The GroupQueryAttention form's decoder, opened on first use."""
+        with self._opening:  # a server's threads may ask at once: one session
+            if self._gqa is None:
+                self._gqa = self.open_gqa()
+        return self._gqa
+
+    @property
+    def plain_greedy(self) -> Callable[..., torch.Tensor]:
+        return self.gqa.plain_greedy
+
+    def decode(self, state: GqaState, tokens: torch.Tensor) -> torch.Tensor:
+        return self.gqa.decode(state, tokens)
+
+    def check_capacity(self, length: int) -> None:
+        self.gqa.check_capacity(length)
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, capacity: int) -> tuple:
         if input_ids.shape[0] != 1:
