@@ -20,17 +20,17 @@ rotated order for `--rounds` rounds (figures: medians over rounds; ratios: media
 
 Each process measures: `--prefill-tokens` (512) prompt tokens at batch 1, time to first token (one `generate` token);
 then decode of `--new-tokens` tokens after a `--decode-prompt-tokens` (128) prompt at batch 1 and 8; then its resident
-memory (`resident_bytes`) and peak (`ru_maxrss`, in the JSON).
+memory and peak (`benchmarks.engines.worker.memory`, in the JSON).
 """
 
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.engines.worker import memory
 from benchmarks.provenance import command_line, machine
 from benchmarks.results.pages import TABLE_MAKERS, write
 
@@ -73,23 +73,10 @@ def worker(args: argparse.Namespace) -> None:
                 "ttft_s": prefill.rows[0].time_to_first_token_s,
                 "decode_tokens_per_s": {str(row.batch_size): row.decode_tokens_per_s for row in decode.rows},
                 "perplexity": perplexity,
-                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                **resident_bytes(),
+                **memory(),
             }
         )
     )
-
-
-def resident_bytes() -> dict[str, int]:
-    """This process's resident memory now, split as the kernel counts it: anonymous (its own allocations: weights
-    copied or repacked by a runtime) and file-backed (mapped files: OpenVINO maps the export's weight file and keeps
-    it mapped; those pages are the page cache's, shared with other readers of the file and reclaimable)."""
-    fields = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("RssAnon", "RssFile"):
-            fields[f"{key[3:].lower()}_bytes"] = int(value.split()[0]) * 1024
-    return fields
 
 
 def run_system(build: str, system: str, args: argparse.Namespace, first_round: bool) -> dict:

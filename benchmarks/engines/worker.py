@@ -304,7 +304,7 @@ def memory() -> dict[str, int]:
     except (ImportError, OSError):
         return {}
     kilobytes = {line.split(":")[0]: int(line.split()[1]) for line in status.splitlines() if line.startswith("Rss")}
-    resident = {"anonymous_bytes": kilobytes["RssAnon"] * 1024, "file_bytes": kilobytes["RssFile"] * 1024}
+    resident = {"anon_bytes": kilobytes["RssAnon"] * 1024, "file_bytes": kilobytes["RssFile"] * 1024}
     # The kernel updates its high-water mark lazily: it can trail the resident bytes of this moment.
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, sum(kilobytes.values())) * 1024
     return {"peak_rss_bytes": peak, **resident}

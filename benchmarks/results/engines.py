@@ -180,7 +180,7 @@ def memory_table(results: dict, builds: dict) -> dict | None:
     return made
 
 
-MEMORY_KEYS = ("peak_rss_bytes", "anonymous_bytes", "file_bytes")
+MEMORY_KEYS = ("peak_rss_bytes", "anon_bytes", "file_bytes")
 
 
 def engine_workload(raw: dict, settings: dict) -> str:
