@@ -51,6 +51,7 @@ import torch
 from .contract import is_gqa_form, positions_from_mask
 from .held_cache import NotLeftPaddedError, refuse_capacity_past, refuse_step_past
 from .openvino_forms import make_stateful
+from .session import OnFirstUse
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +236,7 @@ class OpenVinoDecoder:
         # Decode steps in another precision (`step_precision`) run a second compiled model, which holds weights of
         # its own (1.3 GB at 1B int8): compiled at the first step that needs it (`step_compiled`), never in a
         # server, whose batch runs the paged form. Its requests take the cache over from the prompt's once (`start`).
-        self._step_compiled, self._compiling = None, threading.Lock()
+        self._step_compiled = OnFirstUse(self.compiled_steps) if self.splits_steps else None
         self.pads_prompts = precision == "bf16" and cpu_has_amx()  # `amx_left_padding`
         if self.pads_prompts:
             logger.info(
@@ -270,17 +271,15 @@ class OpenVinoDecoder:
 
     def compile_steps(self) -> Any:
         """The decode steps' compiled model, compiled now where it was not yet (`step_compiled`)."""
-        if not self.splits_steps:
-            return self.compiled
-        with self._compiling:  # a server's threads may ask at once: one compiled model
-            if self._step_compiled is None:
-                compiled = self.compile(self.stateful_model, self.step_precision)
-                # The CPU plugin lays out a graph's compressed weights for its kernels at its first run (0.44 s for
-                # a 1B int8 graph at f32): done here, not inside the first timed step.
-                one = np.ones((1, 1), dtype=np.int64)
-                self.infer(compiled.create_infer_request(), one, one, one - 1)
-                self._step_compiled = compiled
-        return self._step_compiled
+        return self.compiled if self._step_compiled is None else self._step_compiled.get()
+
+    def compiled_steps(self) -> Any:
+        compiled = self.compile(self.stateful_model, self.step_precision)
+        # The CPU plugin lays out a graph's compressed weights for its kernels at its first run (0.44 s for a 1B int8
+        # graph at f32): done here, not inside the first timed step.
+        one = np.ones((1, 1), dtype=np.int64)
+        self.infer(compiled.create_infer_request(), one, one, one - 1)
+        return compiled
 
     def read_copy(self) -> Any:
         """The graph as read (stateless), a copy to transform: it shares the weights in memory."""

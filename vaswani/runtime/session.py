@@ -9,7 +9,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import onnxruntime as ort
@@ -65,6 +65,28 @@ def resolve_provider(provider: str) -> str:
     return provider
 
 
+Made = TypeVar("Made")
+
+
+class OnFirstUse(Generic[Made]):
+    """What `make` returns, made at the first `get` and once, whichever of a server's threads asks first: the
+    runtimes' copies of the weights that only some calls need (an ONNX Runtime session, a second compiled model).
+
+        >>> session = OnFirstUse(lambda: ort.InferenceSession(path))
+        >>> session.get().run(None, feeds)
+    """
+
+    def __init__(self, make: Callable[[], Made]):
+        self.make, self.made, self.lock = make, None, threading.Lock()
+
+    def get(self) -> Made:
+        if self.made is None:
+            with self.lock:
+                if self.made is None:
+                    self.made = self.make()
+        return self.made
+
+
 class OrtGraph:
     """One exported graph in an ONNX Runtime session, fed and read as torch tensors.
 
@@ -99,23 +121,22 @@ class OrtGraph:
         self.inputs = {entry["name"]: entry for entry in spec["inputs"]}
         self.outputs = {entry["name"]: entry for entry in spec["outputs"]}
         self.output_names = list(self.outputs)
-        self._open_session, self._session, self._opening = open_session, None, threading.Lock()
+        self._session = OnFirstUse(lambda: self.checked(self.opened(open_session)))
         if not on_demand:
-            self._session = self.checked(open_session())
+            self._session.made = self.checked(open_session())
 
     @property
     def session(self) -> ort.InferenceSession:
         """The graph's ONNX Runtime session, opened here on first use where the graph was loaded `on_demand`."""
-        if self._session is None:
-            with self._opening:  # a server's threads may ask at once: one session
-                if self._session is None:
-                    logger.info(
-                        "ONNX Runtime opens %s now, at the first call the other engine does not run (it held none "
-                        "of the graph's weights until then)",
-                        self.file,
-                    )
-                    self._session = self.checked(self._open_session())
-        return self._session
+        return self._session.get()
+
+    def opened(self, open_session: Callable[[], ort.InferenceSession]) -> ort.InferenceSession:
+        logger.info(
+            "ONNX Runtime opens %s now, at the first call the other engine does not run (it held none of the graph's "
+            "weights until then)",
+            self.file,
+        )
+        return open_session()
 
     def checked(self, session: ort.InferenceSession) -> ort.InferenceSession:
         """`session`, once its graph's inputs and outputs are the manifest's."""

@@ -17,7 +17,6 @@ step feeds only the tokens; joins and leaves read it out and write it back once.
 """
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +35,7 @@ from ..openvino import (
     route_description,
     unreadable_form_refusal,
 )
+from ..session import OnFirstUse
 from .paged import NotPageable, PagedStepModel
 from .portable import Array, OrtStepModel, PortableRuntime, RunningBatch
 
@@ -215,17 +215,13 @@ class OpenVinoPromptGqaSteps:
     Runtime session opens at the first row that needs it (`gqa`): a server's batch never does."""
 
     def __init__(self, openvino: OpenVinoDecoder, open_gqa: Callable[[], GqaDecoder]):
-        self.openvino, self.open_gqa = openvino, open_gqa
+        self.openvino, self._gqa = openvino, OnFirstUse(open_gqa)
         self.max_positions = openvino.max_positions
-        self._gqa, self._opening = None, threading.Lock()
 
     @property
     def gqa(self) -> GqaDecoder:
         """The GroupQueryAttention form's decoder, opened on first use."""
-        with self._opening:  # a server's threads may ask at once: one session
-            if self._gqa is None:
-                self._gqa = self.open_gqa()
-        return self._gqa
+        return self._gqa.get()
 
     @property
     def plain_greedy(self) -> Callable[..., torch.Tensor]:
