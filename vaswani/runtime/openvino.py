@@ -25,8 +25,8 @@ What runs where (docs/results/openvino_route_1b_cpu.md has the measurements):
 - other one-token calls (`forward`, beam search): ONNX Runtime (`OpenVinoRuntime` routes each call by its length).
 The stateless hand-over works because the portable graph's cache is plain (batch, heads, length, head_dim) tensors:
 OpenVINO's state is written from and read into them. The cost is memory, held only where used: the graph is read
-once (OpenVINO's reader holds a quantized graph's weights in memory), each compiled model lays the weights out for
-its kernels at its first run, the f32 steps' model is compiled at the first step that needs it, and ONNX Runtime's
+once, its quantized weights from the export's data file in place (`openvino_weights`), each compiled model lays the
+weights out for its kernels at its first run, the f32 steps' model is compiled at the first step that needs it, and ONNX Runtime's
 session is opened at the first call left to it (`session.OrtGraph.session`).
 
     >>> model = OrtModelForCausalLM.from_pretrained("onnx-folder", engine="openvino")       # bf16 where the CPU has it
@@ -51,6 +51,7 @@ import torch
 from .contract import is_gqa_form, positions_from_mask
 from .held_cache import NotLeftPaddedError, refuse_capacity_past, refuse_step_past
 from .openvino_forms import make_stateful
+from .openvino_weights import FileWeights, map_file_weights
 from .session import OnFirstUse
 
 logger = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ class OpenVinoSession:
 
     def __init__(self, path: str | Path, precision: str, threads: int):
         self.path, self.precision, self.threads = Path(path), precision, threads
-        core, model = read_graph(self.path)
+        core, model, self.weights = read_graph(self.path)
         properties = {"INFERENCE_PRECISION_HINT": OPENVINO_TYPES[precision], "INFERENCE_NUM_THREADS": int(threads)}
         self.compiled = core.compile_model(model, "CPU", properties)
         self.request = self.compiled.create_infer_request()
@@ -221,10 +222,12 @@ class OpenVinoDecoder:
     ):
         self.path, self.precision, self.threads = Path(path), precision, threads
         self.step_precision = step_precision or precision
-        self.core, model = read_graph(self.path)
+        # `weights` holds the data file's mapping, which the graph's quantized weights read from: every compiled
+        # model made from this graph reads them there, so whatever holds one holds this (`PagedStepModel` too).
+        self.core, model, self.weights = read_graph(self.path)
         warn_partial_blocks(self.path)
         # The graph as read, before it is made stateful: the paged form starts from a copy (`read_copy`). Copies share
-        # its weights: OpenVINO's ONNX reader holds a quantized graph's in memory (1.2 GB at 1B int8), once.
+        # its weights.
         self.graph_as_read = model.clone()
         self.input_names = [port.get_any_name() for port in model.inputs]  # the stateless graph's, for `run`
         self.output_names = [port.get_any_name() for port in model.outputs]
@@ -395,15 +398,18 @@ class OpenVinoState:
     next_positions: np.ndarray  # (batch, 1) int64
 
 
-def read_graph(path: Path) -> tuple[Any, Any]:
-    """OpenVINO's `Core` and the graph at `path` as its ONNX reader reads it; a graph it cannot read raises a
-    ValueError naming the fix (`unreadable_graph_message`)."""
+def read_graph(path: Path) -> tuple[Any, Any, FileWeights]:
+    """OpenVINO's `Core`, the graph at `path` as its ONNX reader reads it, its quantized weights read from the data
+    file in place (`openvino_weights.map_file_weights`), and what holds that file's mapping: keep it as long as the
+    graph or anything compiled from it. A graph it cannot read raises a ValueError naming the fix
+    (`unreadable_graph_message`)."""
     core = import_openvino().Core()
     with readable_graph_path(path) as readable:
         try:
-            return core, core.read_model(str(readable))
+            graph = core.read_model(str(readable))
         except RuntimeError as error:
             raise ValueError(unreadable_graph_message(path, error)) from error
+        return core, graph, map_file_weights(graph, readable)
 
 
 @contextmanager

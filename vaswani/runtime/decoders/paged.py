@@ -254,6 +254,7 @@ class PagedStepModel:
         self.vocab_size = model.manifest["vocab_size"]
         self.context_length = context_length(model.config)
         graph = decoder.read_copy()
+        self.weights = decoder.weights  # the data file's mapping the graph's quantized weights read from
         try:
             make_paged(graph, model.manifest)
         except (ValueError, RuntimeError) as error:  # OpenVINO's own transformation raises a RuntimeError
