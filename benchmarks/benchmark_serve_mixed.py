@@ -67,6 +67,7 @@ from pathlib import Path
 from benchmarks import provenance
 from benchmarks import serve_conversations as conversations
 from benchmarks import serve_workload as workload
+from benchmarks.engines.worker import memory
 from benchmarks.provenance import command_line
 from benchmarks.serve_mixed_report import machine, publish, report, versions
 from benchmarks.serve_variants import BASE_ENGINES, compute_precision, engine_spec, parse_variants
@@ -262,6 +263,11 @@ class Server:
         if not isinstance(body, dict):
             return {}
         return {key: value for key, value in body.items() if key not in ("status", "pid", "seconds", "model")}
+
+    def memory(self) -> dict[str, int]:
+        """The server process's memory now: its peak resident bytes and its anonymous and file-mapped resident bytes
+        (`benchmarks.engines.worker.memory`; the process started, not any it started in turn)."""
+        return memory(self.process.pid)
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -488,6 +494,7 @@ def measure(server, engine: str, round_index: int, args, workloads: dict, count_
             records = conversations.send(server, engine, sent, count_tokens)
             entry = workload.run_entry(records, round=round_index, engine=engine, rate=str(rate), workload=name)
             entry["load"] = [load, os.getloadavg()[0]]
+            entry["memory"] = server.memory()
             if is_vaswani:  # the prefix cache's counters so far (queried and hit tokens), where the server has one
                 entry["prefix_cache"] = server.settings().get("prefix_cache")
             if name == "multi-turn":  # the turns that resend an earlier one: where a prefix cache can help

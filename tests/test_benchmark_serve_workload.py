@@ -388,6 +388,38 @@ def test_the_table_per_workload_shows_medians_ranges_flags_and_the_prefix_cache_
     assert ratios["rows"][0] == ["shared-prefix", "inf", "vaswani-int8", "3.00x (3.00-5.00)"]
 
 
+def test_a_servers_memory_is_its_own_processs_and_the_page_shows_it_after_each_rounds_last_run():
+    """`Server.memory` reads the server's process (a child holding 64 MiB it touched shows them as anonymous memory,
+    which this process does not), and the page shows each server's memory after the last run of each round, its
+    median and range over rounds."""
+    import subprocess
+    import sys
+
+    from benchmarks.engines.worker import memory
+
+    holder = "import sys, time; held = bytearray(64 << 20); held[::4096] = b'x' * len(held[::4096]); print(1); " \
+        "sys.stdout.flush(); time.sleep(60)"  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE)
+    try:
+        child.stdout.readline()
+        held, own = memory(child.pid), memory()
+    finally:
+        child.kill()
+        child.wait()
+    assert held["anon_bytes"] >= 64 << 20 and held["anon_bytes"] + held["file_bytes"] <= held["peak_rss_bytes"]
+    assert own["anon_bytes"] != held["anon_bytes"]
+
+    def run(round_index, rate, anon):
+        return {"round": round_index, "engine": "vaswani-int8", "rate": rate, "summary": summary(50.0, 100.0),
+                "memory": {"peak_rss_bytes": 3e9 + anon, "anon_bytes": anon, "file_bytes": 1e9}}  # fmt: skip
+
+    runs = [run(0, "2.0", 1e9), run(0, "inf", 2e9), run(1, "2.0", 1.5e9), run(1, "inf", 2.5e9)]
+    raw = {"meta": {"args": {"rates": "[2.0, inf]", "engines": ["vaswani-int8"]}}, "runs": runs}
+    _, memory_table = serve_workload_tables(raw, {})
+    assert memory_table["heading"].startswith("Server memory")
+    assert memory_table["rows"] == [["vaswani-int8", "5250 (5000-5500)", "2250 (2000-2500)", "1000 (1000-1000)"]]
+
+
 def test_a_multi_turn_run_on_vaswani_serve_resends_each_answer(tiny_chat_pair):
     """Against a tiny model's server, every turn completes at its length and each later turn's prompt holds the
     earlier prompt and the answer the server gave (more prompt tokens than the turn before and its answer)."""

@@ -292,22 +292,22 @@ def main() -> None:
     print("RESULT " + json.dumps(report), flush=True)
 
 
-def memory() -> dict[str, int]:
-    """This process's memory once every workload ran (Linux; {} elsewhere): its peak resident bytes, and the
-    resident bytes now, split as the kernel counts them: anonymous (the process's own allocations: weights copied or
-    laid out for kernels, caches) and file-backed (files it maps, such as weights read in place: page cache, shared
-    with other processes and reclaimable)."""
+def memory(pid: int | None = None) -> dict[str, int]:
+    """A process's memory (this one's by default, once every workload ran; Linux, {} elsewhere): its peak resident
+    bytes, and the resident bytes now, split as the kernel counts them: anonymous (the process's own allocations:
+    weights copied or laid out for kernels, caches) and file-backed (files it maps, such as weights read in place:
+    page cache, shared with other processes and reclaimable)."""
     try:
-        import resource
-
-        status = Path("/proc/self/status").read_text()
-    except (ImportError, OSError):
+        status = Path(f"/proc/{pid or 'self'}/status").read_text()
+    except OSError:
         return {}
-    kilobytes = {line.split(":")[0]: int(line.split()[1]) for line in status.splitlines() if line.startswith("Rss")}
+    kilobytes = {
+        line.split(":")[0]: int(line.split()[1]) for line in status.splitlines() if line.startswith(("Rss", "VmHWM"))
+    }
     resident = {"anon_bytes": kilobytes["RssAnon"] * 1024, "file_bytes": kilobytes["RssFile"] * 1024}
     # The kernel updates its high-water mark lazily: it can trail the resident bytes of this moment.
-    peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, sum(kilobytes.values())) * 1024
-    return {"peak_rss_bytes": peak, **resident}
+    peak = max(kilobytes["VmHWM"], sum(value for name, value in kilobytes.items() if name.startswith("Rss")))
+    return {"peak_rss_bytes": peak * 1024, **resident}
 
 
 if __name__ == "__main__":

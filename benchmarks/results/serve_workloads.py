@@ -2,7 +2,8 @@
 one table per workload (independent prompts, a shared system prompt, multi-turn chats), a row per request rate and
 engine with the flags it ran with and the precision it computed in, each figure the median over rounds with the
 range over rounds beside it; then, for every engine run with and without its prefix cache (`X` beside `X+noprefix`),
-how many times lower its median time to first token is with the cache, round by round.
+how many times lower its median time to first token is with the cache, round by round; and the memory each server's
+process held after each round.
 
 A run of the raw values (`raw["runs"]`) is labelled with its workload (absent: independent, as the single-workload
 page's runs are), its engine and its rate; `raw["meta"]["engines"]` holds each engine's flags and precision."""
@@ -62,6 +63,11 @@ def serve_workload_tables(raw: dict, described: dict) -> list[dict]:
         columns = ["rate (req/s)", "server", "extra flags", "precision", *(name for name, _, _ in FIGURES)]
         columns += ["TTFT p50 ms, turns 2+"] * later_turns + ["failed"]
         made.append(table(f"Workload: {workload} (median over rounds, range in brackets)", columns, rows))
+    held = memory_rows(raw)
+    if held:
+        columns = ["server", "peak resident", "anonymous", "file-mapped"]
+        heading = "Server memory (the server's process after each round's last run, MB: median (range) over rounds)"
+        made.append(table(heading, columns, held))
     cached = prefix_cache_rows(raw, rates)
     if cached:
         columns = ["workload", "rate (req/s)", "server", "TTFT p50 without / with the prefix cache"]
@@ -86,4 +92,23 @@ def prefix_cache_rows(raw: dict, rates: list[str]) -> list[list[str]]:
                     [figure(run["summary"], ("ttft_ms", "p50")) for run in with_cache],
                 )
                 rows.append([workload, rate, engine, spread(ratios, 2, "x")])
+    return rows
+
+
+MEMORY_KEYS = ("peak_rss_bytes", "anon_bytes", "file_bytes")
+
+
+def memory_rows(raw: dict) -> list[list[str]]:
+    """Per engine, the memory its server process held after the last run of each round (peak resident so far, and
+    anonymous and file-mapped resident then): anonymous is the process's own, file-mapped its mapped files (page
+    cache, shared and reclaimable)."""
+    rows = []
+    for engine in raw["meta"]["args"]["engines"]:
+        last = {}
+        for run in raw["runs"]:
+            if run["engine"] == engine and run.get("memory"):
+                last[run["round"]] = run["memory"]  # runs are kept in the order they ran
+        if last:
+            rounds = [last[index] for index in sorted(last)]
+            rows.append([engine, *(spread([held[key] / 1e6 for held in rounds], 0) for key in MEMORY_KEYS)])
     return rows
