@@ -63,11 +63,7 @@ def serve_workload_tables(raw: dict, described: dict) -> list[dict]:
         columns = ["rate (req/s)", "server", "extra flags", "precision", *(name for name, _, _ in FIGURES)]
         columns += ["TTFT p50 ms, turns 2+"] * later_turns + ["failed"]
         made.append(table(f"Workload: {workload} (median over rounds, range in brackets)", columns, rows))
-    held = memory_rows(raw)
-    if held:
-        columns = ["server", "peak resident", "anonymous", "file-mapped"]
-        heading = "Server memory (the server's process after each round's last run, MB: median (range) over rounds)"
-        made.append(table(heading, columns, held))
+    made += memory_tables(raw)
     cached = prefix_cache_rows(raw, rates)
     if cached:
         columns = ["workload", "rate (req/s)", "server", "TTFT p50 without / with the prefix cache"]
@@ -96,6 +92,16 @@ def prefix_cache_rows(raw: dict, rates: list[str]) -> list[list[str]]:
 
 
 MEMORY_KEYS = ("peak_rss_bytes", "anon_bytes", "file_bytes")
+
+
+def memory_tables(raw: dict) -> list[dict]:
+    """The servers' memory table (`memory_rows`), where the runs recorded it: [] or [table]."""
+    held = memory_rows(raw)
+    if not held:
+        return []
+    columns = ["server", "peak resident", "anonymous", "file-mapped"]
+    heading = "Server memory (the server's process after each round's last run, MB: median (range) over rounds)"
+    return [table(heading, columns, held)]
 
 
 def memory_rows(raw: dict) -> list[list[str]]:

@@ -5,6 +5,7 @@ import json
 import statistics
 
 from benchmarks.results.cells import paired_ratios, spread, table
+from benchmarks.results.serve_workloads import memory_tables
 
 
 def export_memory_tables(raw: dict, described: dict) -> list[dict]:
@@ -266,7 +267,7 @@ def serve_mixed_tables(raw: dict, described: dict) -> list[dict]:
             ])  # fmt: skip
     columns = ["rate (req/s)", "server", "output tok/s: median (range)", "req/s", "TTFT p50 ms", "TTFT p95 ms"]
     columns += ["ITL p50 ms", "ITL p95 ms", "TPOT p50 ms", "failed"]
-    return [table("Results", columns, rows)]
+    return [table("Results", columns, rows), *memory_tables(raw)]
 
 
 def speculative_tables(raw: dict, described: dict) -> list[dict]:
