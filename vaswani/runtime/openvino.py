@@ -26,8 +26,8 @@ What runs where (docs/results/openvino_route_1b_cpu.md has the measurements):
 The stateless hand-over works because the portable graph's cache is plain (batch, heads, length, head_dim) tensors:
 OpenVINO's state is written from and read into them. The cost is memory, held only where used: the graph is read
 once, its quantized weights from the export's data file in place (`openvino_weights`), each compiled model lays the
-weights out for its kernels at its first run, the f32 steps' model is compiled at the first step that needs it, and ONNX Runtime's
-session is opened at the first call left to it (`session.OrtGraph.session`).
+weights out for its kernels at its first run, the f32 steps' model is compiled at the first step that needs it, and
+ONNX Runtime's session is opened at the first call left to it (`session.OrtGraph.session`).
 
     >>> model = OrtModelForCausalLM.from_pretrained("onnx-folder", engine="openvino")       # bf16 where the CPU has it
     >>> model = OrtModelForCausalLM.from_pretrained("onnx-folder", engine="openvino", openvino_precision="f32")
