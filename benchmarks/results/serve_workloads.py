@@ -11,6 +11,7 @@ page's runs are), its engine and its rate; `raw["meta"]["engines"]` holds each e
 import json
 
 from benchmarks.results.cells import paired_ratios, spread, table
+from benchmarks.results.engines import MEMORY_KEYS
 
 FIGURES = [  # (column, summary keys, digits)
     ("output tok/s", ("output_throughput",), 1),
@@ -89,9 +90,6 @@ def prefix_cache_rows(raw: dict, rates: list[str]) -> list[list[str]]:
                 )
                 rows.append([workload, rate, engine, spread(ratios, 2, "x")])
     return rows
-
-
-MEMORY_KEYS = ("peak_rss_bytes", "anon_bytes", "file_bytes")
 
 
 def memory_tables(raw: dict) -> list[dict]:
